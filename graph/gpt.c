@@ -1,0 +1,150 @@
+/*
+ * graph/gpt.c — presets, checks, the flat parameter layout and the seeded init (see gpt.h).
+ */
+#include "graph/gpt.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "util/rng.h"
+
+enum ng_status ng_gpt_preset(struct ng_gpt_config *cfg, const char *name)
+{
+	static const struct {
+		const char *name;
+		struct ng_gpt_config c;
+	} presets[] = {
+		{ "tiny", { 2, 2, 64, 64, 512, 0 } },
+		{ "d12", { 12, 12, 768, 1024, 50257, 0 } },
+		{ "d24", { 24, 16, 1024, 1024, 50257, 0 } },
+		{ "d36", { 36, 20, 1280, 1024, 50257, 0 } },
+		{ "d48", { 48, 25, 1600, 1024, 50257, 0 } },
+	};
+	for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+		if (strcmp(name, presets[i].name) == 0) {
+			*cfg = presets[i].c;
+			cfg->Vp = (cfg->V + 127) / 128 * 128;
+			return NG_OK;
+		}
+	}
+	ng_fail(NG_ERR_INPUT, "unknown model '%s'", name);
+	ng_hint("use --model tiny|d12|d24|d36|d48, or --layers --heads --channels --seq-len --vocab");
+	return NG_ERR_INPUT;
+}
+
+enum ng_status ng_gpt_check(struct ng_gpt_config *cfg)
+{
+	if (cfg->L < 1 || cfg->L > 1024)
+		return ng_fail(NG_ERR_INPUT, "--layers %d is out of range (1..1024)", cfg->L);
+	if (cfg->H < 1 || cfg->H > 1024)
+		return ng_fail(NG_ERR_INPUT, "--heads %d is out of range (1..1024)", cfg->H);
+	if (cfg->C < 8 || cfg->C > 65536)
+		return ng_fail(NG_ERR_INPUT, "--channels %d is out of range (8..65536)", cfg->C);
+	if (cfg->T < 1 || cfg->T > 131072)
+		return ng_fail(NG_ERR_INPUT, "--seq-len %d is out of range (1..131072)", cfg->T);
+	if (cfg->V < 2 || cfg->V > 65536) {
+		ng_fail(NG_ERR_INPUT, "--vocab %d is out of range (2..65536)", cfg->V);
+		ng_hint("token shards store uint16 tokens, so the vocabulary is at most 65536");
+		return NG_ERR_INPUT;
+	}
+	if (cfg->C % cfg->H != 0) {
+		ng_fail(NG_ERR_INPUT, "channels %d is not divisible by heads %d", cfg->C, cfg->H);
+		ng_hint("choose --channels as heads x head size, e.g. %d", cfg->H * 64);
+		return NG_ERR_INPUT;
+	}
+	int D = cfg->C / cfg->H;
+	if (D % 8 != 0 || D > 256) {
+		ng_fail(NG_ERR_INPUT, "head size %d (channels %d / heads %d) must be a multiple of 8 "
+			"and at most 256", D, cfg->C, cfg->H);
+		ng_hint("flash attention reads heads in 16-byte vectors; try head size 64");
+		return NG_ERR_INPUT;
+	}
+	cfg->Vp = (cfg->V + 127) / 128 * 128;
+	return NG_OK;
+}
+
+void ng_gpt_layout(const struct ng_gpt_config *cfg, struct ng_gpt_layout *lay)
+{
+	size_t L = cfg->L, C = cfg->C, T = cfg->T, Vp = cfg->Vp;
+	struct {
+		const char *name;
+		int ndim;
+		size_t s0, s1, s2;
+		bool decay, per_layer;
+	} d[NG_P_COUNT] = {
+		[NG_P_WTE] = { "wte", 2, Vp, C, 0, true, false },
+		[NG_P_WPE] = { "wpe", 2, T, C, 0, true, false },
+		[NG_P_LN1W] = { "ln1w", 2, L, C, 0, false, true },
+		[NG_P_LN1B] = { "ln1b", 2, L, C, 0, false, true },
+		[NG_P_QKVW] = { "qkvw", 3, L, 3 * C, C, true, true },
+		[NG_P_QKVB] = { "qkvb", 2, L, 3 * C, 0, false, true },
+		[NG_P_ATTPROJW] = { "attprojw", 3, L, C, C, true, true },
+		[NG_P_ATTPROJB] = { "attprojb", 2, L, C, 0, false, true },
+		[NG_P_LN2W] = { "ln2w", 2, L, C, 0, false, true },
+		[NG_P_LN2B] = { "ln2b", 2, L, C, 0, false, true },
+		[NG_P_FCW] = { "fcw", 3, L, 4 * C, C, true, true },
+		[NG_P_FCB] = { "fcb", 2, L, 4 * C, 0, false, true },
+		[NG_P_FCPROJW] = { "fcprojw", 3, L, C, 4 * C, true, true },
+		[NG_P_FCPROJB] = { "fcprojb", 2, L, C, 0, false, true },
+		[NG_P_LNFW] = { "lnfw", 1, C, 0, 0, false, false },
+		[NG_P_LNFB] = { "lnfb", 1, C, 0, 0, false, false },
+	};
+	size_t off = 0;
+	lay->n_params = 0;
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		struct ng_param_spec *p = &lay->p[i];
+		p->name = d[i].name;
+		p->ndim = d[i].ndim;
+		p->shape[0] = d[i].s0;
+		p->shape[1] = d[i].ndim > 1 ? d[i].s1 : 1;
+		p->shape[2] = d[i].ndim > 2 ? d[i].s2 : 1;
+		p->numel = p->shape[0] * p->shape[1] * p->shape[2];
+		p->decay = d[i].decay;
+		p->per_layer = d[i].per_layer;
+		p->offset = off;
+		off += (p->numel + NG_PARAM_ALIGN - 1) / NG_PARAM_ALIGN * NG_PARAM_ALIGN;
+		lay->n_params += p->numel;
+	}
+	lay->total = off;
+}
+
+void ng_gpt_init(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *lay, uint64_t seed,
+		 float *params)
+{
+	memset(params, 0, lay->total * sizeof(float));
+	const double std = 0.02, proj_std = 0.02 / sqrt(2.0 * cfg->L);
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		const struct ng_param_spec *p = &lay->p[i];
+		float *x = params + p->offset;
+		/* one stream per tensor, so adding a tensor does not move the others' values */
+		struct ng_rng r;
+		ng_rng_seed(&r, seed * 1000003ull + (uint64_t)i);
+		switch (i) {
+		case NG_P_LN1W: case NG_P_LN2W: case NG_P_LNFW:
+			for (size_t j = 0; j < p->numel; j++)
+				x[j] = 1.0f;
+			break;
+		case NG_P_WTE:
+			for (size_t j = 0; j < (size_t)cfg->V * cfg->C; j++)
+				x[j] = (float)(std * ng_rng_normal(&r));
+			break; /* padded rows stay zero */
+		case NG_P_WPE: case NG_P_QKVW: case NG_P_FCW:
+			for (size_t j = 0; j < p->numel; j++)
+				x[j] = (float)(std * ng_rng_normal(&r));
+			break;
+		case NG_P_ATTPROJW: case NG_P_FCPROJW:
+			for (size_t j = 0; j < p->numel; j++)
+				x[j] = (float)(proj_std * ng_rng_normal(&r));
+			break;
+		default:
+			break; /* biases: zero */
+		}
+	}
+}
+
+double ng_gpt_flops_per_token(const struct ng_gpt_config *cfg, int T)
+{
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(cfg, &lay);
+	return 6.0 * (double)lay.n_params + 6.0 * cfg->L * (double)cfg->C * T;
+}
