@@ -335,3 +335,45 @@ double ng_ref_lr(int step, int warmup, int total, double lr_max, double final_fr
 		return lr_min + 0.5 * (lr_max - lr_min) * (1.0 + cos(NG_REF_PI * frac));
 	return lr_max - (lr_max - lr_min) * frac;
 }
+
+double ng_ref_fd_derivative(double (*f)(void *ctx), void *ctx, double *x, double h)
+{
+	double x0 = *x;
+	*x = x0 + h;
+	double f1p = f(ctx);
+	*x = x0 - h;
+	double f1m = f(ctx);
+	*x = x0 + 2.0 * h;
+	double f2p = f(ctx);
+	*x = x0 - 2.0 * h;
+	double f2m = f(ctx);
+	*x = x0;
+	return (8.0 * (f1p - f1m) - (f2p - f2m)) / (12.0 * h);
+}
+
+void ng_ref_fd_compare(struct ng_ref_fd_result *res, double (*f)(void *ctx), void *ctx, double *x,
+		       const double *analytic, const size_t *idx, size_t count, double h,
+		       double floor)
+{
+	res->max_rel = 0.0;
+	res->max_abs = 0.0;
+	res->worst_index = 0;
+	res->analytic = 0.0;
+	res->numeric = 0.0;
+	res->count = count;
+	for (size_t k = 0; k < count; k++) {
+		size_t i = idx ? idx[k] : k;
+		double n = ng_ref_fd_derivative(f, ctx, x + i, h);
+		double a = analytic[i];
+		double err = fabs(a - n);
+		double den = fmax(fmax(fabs(a), fabs(n)), floor);
+		if (err > res->max_abs)
+			res->max_abs = err;
+		if (err / den > res->max_rel || k == 0) {
+			res->max_rel = err / den;
+			res->worst_index = i;
+			res->analytic = a;
+			res->numeric = n;
+		}
+	}
+}

@@ -63,4 +63,24 @@ void ng_ref_adamw(double *p, double *m, double *v, const double *grad, size_t n,
  * lr_max, then cosine (cosine != 0) or linear decay to lr_max * final_frac at step total - 1. */
 double ng_ref_lr(int step, int warmup, int total, double lr_max, double final_frac, int cosine);
 
+/* Test helper: the derivative of the scalar f(ctx) with respect to *x by the fourth-order central
+ * difference (8 (f(x+h) - f(x-h)) - (f(x+2h) - f(x-2h))) / (12 h); *x is restored exactly. */
+double ng_ref_fd_derivative(double (*f)(void *ctx), void *ctx, double *x, double h);
+
+/* Worst disagreement found by ng_ref_fd_compare. */
+struct ng_ref_fd_result {
+	double max_rel;     /* largest |a - n| / max(|a|, |n|, floor) */
+	double max_abs;     /* largest |a - n| */
+	size_t worst_index; /* element (into x) where max_rel occurred */
+	double analytic;    /* a at the worst element */
+	double numeric;     /* n at the worst element */
+	size_t count;       /* elements checked */
+};
+/* Compare analytic[i] with the finite-difference derivative of f with respect to x[i], for i in
+ * idx[0..count-1] (idx NULL: i = 0..count-1). floor keeps the relative error of tiny gradients
+ * meaningful. x is restored. */
+void ng_ref_fd_compare(struct ng_ref_fd_result *res, double (*f)(void *ctx), void *ctx, double *x,
+		       const double *analytic, const size_t *idx, size_t count, double h,
+		       double floor);
+
 #endif
