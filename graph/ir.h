@@ -1,0 +1,256 @@
+/*
+ * graph/ir.h — the step IR: tensors (name, dtype, shape, role, lifetime, arena offset) and ops
+ * (kind, input and output tensor indices, attributes). A graph is the whole step known ahead:
+ * graph/step.c builds it from a model + batch configuration, alloc/planner.c places every
+ * non-persistent tensor in one arena, the GPU executor enqueues the ops in order, graph/dump.c
+ * draws it. Why: DESIGN.md "Plan" — every size and lifetime is known before the first step.
+ *
+ * Memory: ONE arena. Persistent tensors (the flat parameter buffers of graph/gpt.h's layout and
+ * the step state) sit first, at offsets [0, persistent_bytes), never reused. Every other tensor
+ * lives from the first to the last op that touches it and is placed by the planner at
+ * persistent_bytes + its planned offset. ng_tensor.offset is always from the arena start.
+ *
+ * Parameters: ops name the parameter they read by enum ng_param_id in param[] plus the layer;
+ * the executor computes the pointer as base(params_bf16 / grads / ...) + lay.p[id].offset
+ * (+ layer * the per-layer numel). The persistent flat buffers are each ONE tensor.
+ *
+ * Shapes below: B micro-batch, T sequence, C channels, H heads, D = C/H, Vp padded vocabulary,
+ * K micro-batches per step, N = B*T rows; "rows" of a chunked op = row_count (row_start first).
+ *
+ * Op kinds: inputs (in[]) and outputs (out[]) in this order; attributes used. Every op may also
+ * name a SCRATCH tensor in `scratch` (workspace; -1 when none). param[] is -1 when unused.
+ *   TOKENS_H2D        out: tokens u16 (K, B, T+1). The pinned host buffer is outside the arena.
+ *                     Sample graphs: (1, B, T+1) where column T of row b holds the position
+ *                     (0..T-1) whose logits sequence b wants.
+ *   TOKENS_SPLIT      in: tokens. out: inputs i32 (B, T), targets i32 (B, T); attr micro.
+ *                     Sample graphs: out inputs i32 (B, T), positions i32 (B) (no targets).
+ *   ZERO              out: the tensor to memset to 0 (grads at step start; the residual-stream
+ *                     gradient before each micro-batch's backward; the eval loss metric).
+ *   ENCODER_FWD       in: inputs, params_bf16. out: x (B, T, C) bf16. param = {WTE, WPE}.
+ *   LAYERNORM_FWD     in: x, params_bf16. out: ln (B, T, C) bf16, mean f32 (N), rstd f32 (N).
+ *                     attr layer, which = LN1/LN2/LNF, param = {LNxW, LNxB}.
+ *                     recompute = 1 (a backward recompute): in: x, params_bf16, mean, rstd;
+ *                     out: ln only (the stored statistics are reused).
+ *   RESIDUAL_LAYERNORM_FWD in: a, b, params_bf16. out: resid = a + b (B, T, C) bf16, ln, mean,
+ *                     rstd. attr layer, which, param as LAYERNORM_FWD.
+ *   MATMUL_FWD        in: inp (rows, IC) bf16, params_bf16. out: out (rows, OC) bf16 [, aux
+ *                     pre-activation (rows, OC) bf16 when gelu = 1: out = GELU(aux)].
+ *                     attr which = QKV/ATTPROJ/FC/FCPROJ/HEAD, layer, gelu, param = {W, B}
+ *                     (HEAD: {WTE, -1}, no bias); HEAD reads rows [row_start, +row_count) of
+ *                     inp (N, C) and writes its chunk's logits (row_count, Vp).
+ *                     Sample graphs: HEAD reads inp (B, C) (the gathered rows), row_count = B.
+ *   GELU_FWD          in: pre (N, 4C) bf16. out: post (N, 4C) bf16. attr layer, recompute.
+ *   ATTENTION_FWD     in: qkv (B, T, 3C) bf16. out: y (B, T, C) bf16, lse f32 (B, H, T).
+ *                     attr layer.
+ *   CROSSENTROPY      in: logits (rows, Vp) bf16, targets i32 (B, T). out: the SAME logits
+ *                     tensor (now dlogits = (softmax - onehot) / (B*T*K), in place), losses f32
+ *                     (N), rows [row_start, +row_count) written. attr row_start, row_count,
+ *                     chunk. no_grad = 1 (eval): logits are only read; out: losses only.
+ *   LOSS_ACCUMULATE   in: losses f32 (N). out: step_state (loss_sum += mean(losses) / K), or in
+ *                     eval graphs the eval_loss metric f32 (1) (+= mean / K).
+ *   MATMUL_DINP       in: dout (rows, OC) bf16, params_bf16 [, aux pre-activation (N, IC) when
+ *                     gelu = 1: the DGELU epilogue is fused]. out: dinp (N, IC) bf16 ("=",
+ *                     rows [row_start, +row_count) for HEAD). attr which, layer, gelu, param.
+ *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
+ *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
+ *                     attr which, layer, param, row range for HEAD.
+ *   GELU_BWD          in: pre (N, 4C) bf16, dout (N, 4C) bf16. out: dpre (N, 4C) bf16. attr layer.
+ *   ATTENTION_BWD     in: dy (B, T, C), qkv (B, T, 3C), y (B, T, C), lse (B, H, T).
+ *                     out: dqkv (B, T, 3C) bf16. attr layer.
+ *   LAYERNORM_BWD     in: dln (N, C) bf16, x (the LN input, N, C) bf16, params_bf16, mean, rstd.
+ *                     out: dx (accumulated += into the residual-stream gradient), grads.
+ *                     attr layer, which, param.
+ *   ENCODER_BWD       in: dx (B, T, C) bf16, inputs i32 (B, T). out: grads. param = {WTE, WPE}.
+ *   GRAD_NORM         in: grads. out: step_state (grad_norm).
+ *   SCHEDULE          in: step_state. out: step_state (lr, clip_scale, skipped).
+ *   ADAMW             in: grads, step_state. out: params, params_bf16, adam_m, adam_v.
+ *   STEP_FINISH       in: step_state. out: step_state (step += 1, metrics record written to the
+ *                     host ring, loss_sum reset to 0 for the next step).
+ *   GATHER_ROWS       (sample graphs) in: x (B, T, C) bf16, positions i32 (B).
+ *                     out: rows (B, C) bf16 = x[b, positions[b]].
+ *   LOGITS_OUT        (sample graphs) a marker the executor may ignore: in: logits (B, Vp) bf16,
+ *                     the persistent METRIC tensor the host reads after the replay.
+ *
+ * References: DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op order.
+ */
+#ifndef NG_GRAPH_IR_H
+#define NG_GRAPH_IR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "graph/gpt.h"
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NG_OP_MAX_IO 6      /* inputs or outputs of one op, at most */
+#define NG_TENSOR_NAME 40   /* bytes of a tensor name, NUL included */
+#define NG_OP_NAME 48       /* bytes of an op's display name, NUL included */
+
+enum ng_dtype {
+	NG_DTYPE_BF16, /* bfloat16, 2 bytes */
+	NG_DTYPE_F32,  /* float, 4 bytes */
+	NG_DTYPE_I32,  /* int32, 4 bytes */
+	NG_DTYPE_U16,  /* uint16 (tokens), 2 bytes */
+	NG_DTYPE_U8,   /* raw bytes (the step state struct) */
+	NG_DTYPE_COUNT
+};
+
+enum ng_role {
+	NG_ROLE_PARAM,      /* fp32 master parameters */
+	NG_ROLE_PARAM_BF16, /* the bf16 copy forward/backward read */
+	NG_ROLE_GRAD,       /* fp32 gradients */
+	NG_ROLE_OPT_STATE,  /* AdamW m and v */
+	NG_ROLE_ACTIVATION, /* forward activations, backward gradients of activations, logits */
+	NG_ROLE_SCRATCH,    /* workspaces (cuBLASLt, cuDNN, reduction partials) */
+	NG_ROLE_INPUT,      /* tokens, inputs, targets */
+	NG_ROLE_METRIC,     /* step state, eval loss, sample logits: read by the host */
+	NG_ROLE_COUNT
+};
+
+enum ng_op_kind {
+	NG_OP_TOKENS_H2D, NG_OP_TOKENS_SPLIT, NG_OP_ZERO, NG_OP_ENCODER_FWD, NG_OP_LAYERNORM_FWD,
+	NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_MATMUL_FWD, NG_OP_GELU_FWD, NG_OP_ATTENTION_FWD,
+	NG_OP_CROSSENTROPY, NG_OP_LOSS_ACCUMULATE, NG_OP_MATMUL_DINP, NG_OP_MATMUL_DW,
+	NG_OP_GELU_BWD, NG_OP_ATTENTION_BWD, NG_OP_LAYERNORM_BWD, NG_OP_ENCODER_BWD,
+	NG_OP_GRAD_NORM, NG_OP_SCHEDULE, NG_OP_ADAMW, NG_OP_STEP_FINISH, NG_OP_GATHER_ROWS,
+	NG_OP_LOGITS_OUT,
+	NG_OP_KIND_COUNT
+};
+
+/* The `which` attribute: which LayerNorm or which linear layer an op is. */
+enum ng_op_which {
+	NG_OP_WHICH_NONE, NG_OP_WHICH_LN1, NG_OP_WHICH_LN2, NG_OP_WHICH_LNF, NG_OP_WHICH_QKV,
+	NG_OP_WHICH_ATTPROJ, NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ, NG_OP_WHICH_HEAD,
+	NG_OP_WHICH_COUNT
+};
+
+/* Which phase of the step an op belongs to (the dump draws them as clusters). */
+enum ng_phase {
+	NG_PHASE_INPUT,     /* tokens in, grads zeroed */
+	NG_PHASE_FORWARD,   /* forward of one micro-batch */
+	NG_PHASE_LOSS,      /* classifier: head, cross-entropy, head backward */
+	NG_PHASE_BACKWARD,  /* backward of one micro-batch */
+	NG_PHASE_OPTIMIZER, /* norm, schedule, AdamW, step finish */
+	NG_PHASE_COUNT
+};
+
+enum ng_graph_kind {
+	NG_GRAPH_TRAIN,  /* the training step: K micro-batches, then the update */
+	NG_GRAPH_EVAL,   /* K batches of forward + loss into the eval_loss metric */
+	NG_GRAPH_SAMPLE, /* one forward, the logits of one position per sequence */
+};
+
+struct ng_tensor {
+	char name[NG_TENSOR_NAME]; /* unique: "L3.qkv", "m1.L3.qkv" when K > 1, "params" */
+	enum ng_dtype dtype;
+	int ndim;                  /* 1..4 */
+	size_t shape[4];           /* shape[0..ndim-1], row-major; unused dims are 1 */
+	size_t bytes;              /* product of shape x dtype size (scratch: the estimate) */
+	enum ng_role role;
+	bool persistent;           /* lives for the whole run; placed first, never reused */
+	int first_op;              /* first op that reads or writes it (-1: never touched) */
+	int last_op;               /* last op that reads or writes it */
+	size_t offset;             /* bytes from the arena start, valid after ng_graph_plan */
+};
+
+struct ng_op {
+	enum ng_op_kind kind;
+	int n_in;                  /* used entries of in[] */
+	int n_out;                 /* used entries of out[] */
+	int in[NG_OP_MAX_IO];      /* tensor indices, order per kind (see the top of this file) */
+	int out[NG_OP_MAX_IO];     /* tensor indices, order per kind */
+	int scratch;               /* SCRATCH tensor index or -1 */
+	enum ng_op_which which;    /* LN1/.../HEAD, or NONE */
+	enum ng_phase phase;       /* for display and statistics */
+	int param[2];              /* enum ng_param_id read: {weight, bias}; -1 when none */
+	int layer;                 /* 0..L-1, or -1 */
+	int micro;                 /* micro-batch 0..K-1, or -1 (step-level ops) */
+	int chunk;                 /* classifier chunk index, or -1 */
+	int row_start;             /* chunked ops: first row of N = B*T (0 otherwise) */
+	int row_count;             /* chunked ops: rows; otherwise N (or B for sample heads) */
+	int gelu;                  /* MATMUL_FWD: GELU epilogue; MATMUL_DINP: DGELU epilogue */
+	int recompute;             /* 1: a forward op recomputed in the backward */
+	int no_grad;               /* CROSSENTROPY in eval: losses only, no dlogits */
+	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
+};
+
+struct ng_step_options;
+
+struct ng_graph {
+	enum ng_graph_kind kind;
+	struct ng_gpt_config cfg;  /* the model */
+	struct ng_gpt_layout lay;  /* its flat parameter layout */
+	int B, T, K;               /* micro-batch, sequence length, micro-batches per step */
+	int head_chunk_rows;       /* rows per classifier chunk actually used (N when unchunked) */
+	int recompute_gelu;        /* options the graph was built with */
+	int recompute_layernorm;
+	int fuse_gelu;
+	int deterministic;
+	size_t align;              /* arena alignment used by the plan, bytes */
+
+	struct ng_tensor *tensors; /* n_tensors entries */
+	int n_tensors;
+	int cap_tensors;           /* allocated entries */
+	struct ng_op *ops;         /* n_ops entries, in execution order */
+	int n_ops;
+	int cap_ops;
+
+	/* well-known tensors (-1 when the graph has none) */
+	int t_params, t_params_bf16, t_grads, t_adam_m, t_adam_v, t_step_state, t_tokens;
+	int t_eval_loss;           /* eval graphs: the f32 (1) metric */
+	int t_logits_out;          /* sample graphs: logits (B, Vp) bf16, persistent */
+
+	size_t persistent_bytes;   /* the persistent region, aligned */
+	size_t arena_bytes;        /* the planned region (non-persistent tensors) */
+	size_t lower_bound_bytes;  /* max over ops of live planned bytes (aligned sizes) */
+	size_t total_bytes;        /* persistent_bytes + arena_bytes: the one cudaMalloc */
+	enum ng_status status;     /* sticky: first failure of an add (allocation), else NG_OK */
+};
+
+/* Sizes and names. */
+size_t ng_dtype_size(enum ng_dtype dt);
+const char *ng_dtype_name(enum ng_dtype dt);         /* "bf16", "f32", ... */
+const char *ng_role_name(enum ng_role role);         /* "param", "activation", ... */
+const char *ng_op_kind_name(enum ng_op_kind kind);   /* "matmul_fwd", ... */
+const char *ng_op_which_name(enum ng_op_which which); /* "qkv", "ln1", "" for NONE */
+const char *ng_phase_name(enum ng_phase phase);      /* "forward", ... */
+
+/* An empty graph (no allocation yet). */
+void ng_graph_init(struct ng_graph *g);
+/* Free tensors and ops; the graph becomes empty. Safe on an initialised or zeroed graph. */
+void ng_graph_free(struct ng_graph *g);
+
+/* Add a tensor; returns its index, or -1 with g->status set (allocation failure). `bytes` = 0
+ * means shape x dtype size; a SCRATCH tensor passes its estimate. */
+int ng_graph_add_tensor(struct ng_graph *g, const char *name, enum ng_dtype dt, enum ng_role role,
+			bool persistent, int ndim, const size_t *shape, size_t bytes);
+/* Add an op (copied); returns its index, or -1 with g->status set. */
+int ng_graph_add_op(struct ng_graph *g, const struct ng_op *op);
+/* A blank op of `kind`: no tensors, scratch/param/layer/micro/chunk -1, the rest 0. */
+struct ng_op ng_op_blank(enum ng_op_kind kind);
+
+/* Find a tensor by name (-1 when absent). Linear: for tests and tools, not hot paths. */
+int ng_graph_find_tensor(const struct ng_graph *g, const char *name);
+
+/* first_op / last_op of every tensor from op order. */
+void ng_graph_compute_lifetimes(struct ng_graph *g);
+/* Lifetimes, then place persistent tensors first and plan the rest with alloc/planner (align 0
+ * = 256 B); fills offsets, persistent_bytes, arena_bytes, lower_bound_bytes, total_bytes. Call
+ * again after raising a SCRATCH tensor's bytes (the executor may, at plan time). */
+enum ng_status ng_graph_plan(struct ng_graph *g, size_t align);
+/* Check the graph: tensor indices in range, every op's tensors inside the arena, and no two
+ * tensors alive at the same op overlap in memory. NG_ERR_RUNTIME naming the pair otherwise. */
+enum ng_status ng_graph_validate(const struct ng_graph *g);
+
+/* Bytes of all tensors of a role (persistent or not, unaligned). */
+size_t ng_graph_role_bytes(const struct ng_graph *g, enum ng_role role);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,85 @@
+/*
+ * graph/step.h — the builder: turns a model + batch configuration into the complete step as an
+ * IR graph (graph/ir.h), with every tensor's lifetime and arena offset planned.
+ *
+ * Training step, in order (DESIGN.md "The step, in order"):
+ *   TOKENS_H2D once; ZERO grads; for each of K micro-batches: TOKENS_SPLIT, the forward
+ *   (encoder, L blocks, final LayerNorm), the classifier (per chunk of head_chunk_rows rows:
+ *   MATMUL_FWD HEAD -> CROSSENTROPY -> MATMUL_DINP HEAD -> MATMUL_DW HEAD, so the logits exist
+ *   one chunk at a time), LOSS_ACCUMULATE, then the backward in reverse; then GRAD_NORM ->
+ *   SCHEDULE -> ADAMW -> STEP_FINISH.
+ * Per-layer activations are separate tensors ("L3.qkv", "m1.L3.qkv" when K > 1) so lifetimes
+ * are exact. Recompute options drop the stored tensor (GELU output, LN1/LN2 outputs) and add
+ * the recompute op in the backward, right before its first backward use. The residual-stream
+ * gradient is one bf16 tensor per micro-batch ("dresid"), zeroed before that backward.
+ *
+ * Workspaces are SCRATCH tensors, one per op that needs one (lifetime: that op), sized by the
+ * estimates of ng_step_workspace_estimate — the executor may raise them at plan time (edit the
+ * tensor's bytes, then ng_graph_plan again).
+ */
+#ifndef NG_GRAPH_STEP_H
+#define NG_GRAPH_STEP_H
+
+#include <stddef.h>
+
+#include "graph/gpt.h"
+#include "graph/ir.h"
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Workspace sizes in bytes; estimates made without a GPU. */
+struct ng_step_workspace {
+	size_t matmul;        /* cuBLASLt workspace per matmul (32 MiB) + bias-grad partials */
+	size_t attn_fwd;      /* cuDNN SDPA forward (1 MiB) */
+	size_t attn_bwd;      /* cuDNN SDPA backward: B*H*T*4 + B*H*T*D*4 + 1 MiB */
+	size_t layernorm_bwd; /* dweight/dbias partials: 2*C floats x 1024 blocks, + 1 MiB */
+	size_t encoder_bwd;   /* deterministic wte/wpe gradient buckets: N*16 + 1 MiB */
+	size_t grad_norm;     /* per-block partial sums (1 MiB) */
+	size_t crossentropy;  /* per-row partials (rows*8 + 1 MiB) */
+};
+
+struct ng_step_options {
+	int recompute_gelu;      /* 1: do not keep GELU outputs; recompute them in the backward */
+	int recompute_layernorm; /* 1: do not keep LN1/LN2 outputs; recompute from mean/rstd */
+	int head_chunk_rows;     /* rows per classifier chunk; 0 = whole B*T (clamped to B*T) */
+	int fuse_gelu;           /* 1: GELU as the FC matmul epilogue (and DGELU in its backward) */
+	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
+	size_t align;            /* arena alignment in bytes; 0 = 256 */
+	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
+};
+
+/* Defaults: no recompute, whole-batch classifier, fused GELU, not deterministic, 256 B. */
+void ng_step_default_options(struct ng_step_options *opt);
+
+/* The workspace estimates for a shape (B sequences of T tokens). */
+void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T, int rows,
+				struct ng_step_workspace *ws);
+
+/* Build and plan the training step of K micro-batches of B x T tokens. `g` is overwritten
+ * (free it with ng_graph_free). NG_ERR_INPUT for bad sizes (T > cfg->T, B < 1, ...). */
+enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				   int T, int K, const struct ng_step_options *opt);
+/* Build and plan the eval step: TOKENS_H2D, then for K batches the forward and CROSSENTROPY
+ * without gradient, LOSS_ACCUMULATE into the persistent f32 eval_loss (zeroed first; holds the
+ * mean loss over the K batches after a replay). Eval ops touch no gradient or optimizer state.
+ *
+ * Every graph kind declares the same persistent tensors first, in the same order (params,
+ * params_bf16, grads, adam_m, adam_v, step_state; then eval_loss or logits_out), so their
+ * offsets agree across the train, eval and sample graphs of one model: one arena of the largest
+ * total_bytes serves all three. */
+enum ng_status ng_step_build_eval(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				  int T, int K, const struct ng_step_options *opt);
+/* Build and plan the sampling step: one forward of B x T tokens without targets, then the
+ * logits (B, Vp) bf16 of one position per sequence (column T of the token buffer names it) into
+ * the persistent tensor g->t_logits_out. */
+enum ng_status ng_step_build_sample(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				    int T, const struct ng_step_options *opt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
