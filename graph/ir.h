@@ -87,7 +87,7 @@ extern "C" {
 #endif
 
 #define NG_OP_MAX_IO 6      /* inputs or outputs of one op, at most */
-#define NG_TENSOR_NAME 40   /* bytes of a tensor name, NUL included */
+#define NG_TENSOR_NAME 56   /* bytes of a tensor name, NUL included */
 #define NG_OP_NAME 48       /* bytes of an op's display name, NUL included */
 
 enum ng_dtype {

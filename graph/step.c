@@ -1,0 +1,604 @@
+/*
+ * graph/step.c — builds the train, eval and sample steps as IR graphs (see step.h for the order
+ * and graph/ir.h for every op kind's inputs and outputs), then plans the arena.
+ *
+ * Names: activations are "<m>L<l>.<what>" where <m> is "m<k>." when K > 1 (else empty), so
+ * "L3.qkv" or "m1.L3.qkv"; recomputed tensors end in ".re"; workspaces are "<op name>.ws".
+ * Shapes: N = B*T rows; x, ln, attproj, fcproj, resid (B, T, C); qkv (B, T, 3C); fch (B, T, 4C);
+ * logits of a chunk (rows, Vp); LayerNorm statistics f32 (N); lse f32 (B, H, T).
+ */
+#include "graph/step.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/types.h"
+
+#define MIB ((size_t)1 << 20)
+
+void ng_step_default_options(struct ng_step_options *opt)
+{
+	memset(opt, 0, sizeof(*opt));
+	opt->fuse_gelu = 1;
+	opt->align = 256;
+}
+
+void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T, int rows,
+				struct ng_step_workspace *ws)
+{
+	size_t C = (size_t)cfg->C, H = (size_t)cfg->H, N = (size_t)B * (size_t)T;
+	(void)rows;
+	memset(ws, 0, sizeof(*ws));
+	ws->matmul = 32 * MIB + 4 * C * sizeof(float) * 128;
+	ws->attn_fwd = 1 * MIB;
+	ws->attn_bwd = (size_t)B * H * (size_t)T * 4 + N * C * 4 + 1 * MIB;
+	ws->layernorm_bwd = 2 * C * sizeof(float) * 1024 + 1 * MIB;
+	ws->encoder_bwd = N * 16 + 1 * MIB;
+	ws->grad_norm = 1 * MIB;
+	ws->crossentropy = 0; /* the fused softmax-cross-entropy writes dlogits in place */
+}
+
+/* The builder's state while it emits one graph. */
+struct bld {
+	struct ng_graph *g;
+	struct ng_step_workspace ws; /* workspace sizes in use */
+	int micro;                   /* current micro-batch, -1 outside */
+	enum ng_phase phase;         /* phase of the ops being emitted */
+	char pfx[16];                /* "m3." when K > 1, else "" */
+	size_t B, T, C, Vp, N;       /* sizes as size_t for shape arithmetic */
+};
+
+/* Tensors of one block's forward that its backward reads. */
+struct layer_acts {
+	int resid_in;        /* the block's input residual stream (encoded or previous resid2) */
+	int ln1, mean1, rstd1;
+	int qkv, atty, lse;  /* attention input, output, log-sum-exp */
+	int resid1;          /* resid_in + attproj: input of LN2 */
+	int ln2, mean2, rstd2;
+	int fch;             /* FC output before GELU (B, T, 4C) */
+	int fch_gelu;        /* after GELU */
+	int fcproj;          /* the MLP output, added by the next residual op */
+};
+
+/* What a micro-batch's forward leaves for the classifier and the backward. */
+struct fwd_out {
+	int inputs, targets;      /* i32 (B, T); targets -1 in sample graphs */
+	int positions;            /* sample graphs: i32 (B), else -1 */
+	struct layer_acts *la;    /* L entries */
+	int resid_final;          /* the last block's output residual (LNF input) */
+	int lnf, meanf, rstdf;
+};
+
+static int act(struct bld *b, const char *name, enum ng_dtype dt, int ndim, size_t s0, size_t s1,
+	       size_t s2)
+{
+	char full[NG_TENSOR_NAME];
+	snprintf(full, sizeof(full), "%.8s%.46s", b->pfx, name);
+	size_t shape[3] = { s0, s1, s2 };
+	return ng_graph_add_tensor(b->g, full, dt, NG_ROLE_ACTIVATION, false, ndim, shape, 0);
+}
+
+static int lact(struct bld *b, int l, const char *what, enum ng_dtype dt, int ndim, size_t s0,
+		size_t s1, size_t s2)
+{
+	char name[NG_TENSOR_NAME];
+	snprintf(name, sizeof(name), "L%d.%s", l, what);
+	return act(b, name, dt, ndim, s0, s1, s2);
+}
+
+/* Fill in the op's display name, micro-batch and phase, attach a workspace of `ws_bytes`
+ * (none when 0), and add it. */
+static int emit(struct bld *b, struct ng_op *op, size_t ws_bytes)
+{
+	op->micro = b->micro;
+	op->phase = b->phase;
+	char lay[16] = "", chunk[16] = "";
+	if (op->layer >= 0)
+		snprintf(lay, sizeof(lay), "L%d.", op->layer);
+	if (op->chunk >= 0)
+		snprintf(chunk, sizeof(chunk), ".c%d", op->chunk);
+	const char *w = ng_op_which_name(op->which);
+	snprintf(op->name, sizeof(op->name), "%s%s%s%s%s%s%s", b->micro >= 0 ? b->pfx : "", lay,
+		 ng_op_kind_name(op->kind), *w ? "." : "", w, chunk, op->recompute ? ".re" : "");
+	if (ws_bytes) {
+		char wname[NG_TENSOR_NAME];
+		snprintf(wname, sizeof(wname), "%.50s.ws", op->name);
+		size_t shape[1] = { ws_bytes };
+		op->scratch = ng_graph_add_tensor(b->g, wname, NG_DTYPE_U8, NG_ROLE_SCRATCH, false,
+						  1, shape, 0);
+	}
+	return ng_graph_add_op(b->g, op);
+}
+
+/* Small constructors: an op with its tensors listed. */
+static struct ng_op mk(enum ng_op_kind kind, enum ng_op_which which, int layer, int n_in,
+		       const int *in, int n_out, const int *out)
+{
+	struct ng_op op = ng_op_blank(kind);
+	op.which = which;
+	op.layer = layer;
+	op.n_in = n_in;
+	op.n_out = n_out;
+	memcpy(op.in, in, sizeof(int) * (size_t)n_in);
+	memcpy(op.out, out, sizeof(int) * (size_t)n_out);
+	return op;
+}
+
+#define IN(...) (int)(sizeof((int[]){ __VA_ARGS__ }) / sizeof(int)), (int[]){ __VA_ARGS__ }
+#define OUT(...) IN(__VA_ARGS__)
+
+/* The parameters a `which` reads: {weight, bias}. */
+static void which_params(enum ng_op_which w, int *p)
+{
+	static const int t[NG_OP_WHICH_COUNT][2] = {
+		[NG_OP_WHICH_NONE] = { -1, -1 },
+		[NG_OP_WHICH_LN1] = { NG_P_LN1W, NG_P_LN1B },
+		[NG_OP_WHICH_LN2] = { NG_P_LN2W, NG_P_LN2B },
+		[NG_OP_WHICH_LNF] = { NG_P_LNFW, NG_P_LNFB },
+		[NG_OP_WHICH_QKV] = { NG_P_QKVW, NG_P_QKVB },
+		[NG_OP_WHICH_ATTPROJ] = { NG_P_ATTPROJW, NG_P_ATTPROJB },
+		[NG_OP_WHICH_FC] = { NG_P_FCW, NG_P_FCB },
+		[NG_OP_WHICH_FCPROJ] = { NG_P_FCPROJW, NG_P_FCPROJB },
+		[NG_OP_WHICH_HEAD] = { NG_P_WTE, -1 },
+	};
+	p[0] = t[w][0];
+	p[1] = t[w][1];
+}
+
+/* An op that reads parameters: sets param[] from `which`. */
+static int emit_p(struct bld *b, struct ng_op op, size_t ws_bytes)
+{
+	which_params(op.which, op.param);
+	return emit(b, &op, ws_bytes);
+}
+
+/* A full-rows matmul forward: out = inp @ W^T + b (with the GELU epilogue when aux >= 0). */
+static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int out, int aux)
+{
+	struct ng_graph *g = b->g;
+	struct ng_op op = aux >= 0 ? mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16),
+					OUT(out, aux))
+				   : mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16), OUT(out));
+	op.gelu = aux >= 0;
+	op.row_count = (int)b->N;
+	emit_p(b, op, b->ws.matmul);
+}
+
+/* One micro-batch's forward up to the final LayerNorm. `sample` splits positions instead of
+ * targets. */
+static void build_forward(struct bld *b, struct fwd_out *f, int sample)
+{
+	struct ng_graph *g = b->g;
+	const int L = g->cfg.L;
+	const size_t B = b->B, T = b->T, C = b->C, N = b->N, H = (size_t)g->cfg.H;
+	b->phase = NG_PHASE_FORWARD;
+	f->inputs = act(b, "inputs", NG_DTYPE_I32, 2, B, T, 1);
+	f->positions = f->targets = -1;
+	struct ng_op op;
+	if (sample) {
+		f->positions = act(b, "positions", NG_DTYPE_I32, 1, B, 1, 1);
+		op = mk(NG_OP_TOKENS_SPLIT, NG_OP_WHICH_NONE, -1, IN(g->t_tokens),
+			OUT(f->inputs, f->positions));
+	} else {
+		f->targets = act(b, "targets", NG_DTYPE_I32, 2, B, T, 1);
+		op = mk(NG_OP_TOKENS_SPLIT, NG_OP_WHICH_NONE, -1, IN(g->t_tokens),
+			OUT(f->inputs, f->targets));
+	}
+	emit(b, &op, 0);
+	int x = act(b, "encoded", NG_DTYPE_BF16, 3, B, T, C);
+	op = mk(NG_OP_ENCODER_FWD, NG_OP_WHICH_NONE, -1, IN(f->inputs, g->t_params_bf16), OUT(x));
+	op.param[0] = NG_P_WTE;
+	op.param[1] = NG_P_WPE;
+	emit(b, &op, 0);
+
+	int prev_resid1 = -1, prev_fcproj = -1;
+	for (int l = 0; l < L; l++) {
+		struct layer_acts *a = &f->la[l];
+		a->ln1 = lact(b, l, "ln1", NG_DTYPE_BF16, 3, B, T, C);
+		a->mean1 = lact(b, l, "ln1.mean", NG_DTYPE_F32, 1, N, 1, 1);
+		a->rstd1 = lact(b, l, "ln1.rstd", NG_DTYPE_F32, 1, N, 1, 1);
+		if (l == 0) {
+			a->resid_in = x;
+			op = mk(NG_OP_LAYERNORM_FWD, NG_OP_WHICH_LN1, l, IN(x, g->t_params_bf16),
+				OUT(a->ln1, a->mean1, a->rstd1));
+		} else {
+			a->resid_in = lact(b, l - 1, "resid2", NG_DTYPE_BF16, 3, B, T, C);
+			op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LN1, l,
+				IN(prev_resid1, prev_fcproj, g->t_params_bf16),
+				OUT(a->resid_in, a->ln1, a->mean1, a->rstd1));
+		}
+		emit_p(b, op, 0);
+		a->qkv = lact(b, l, "qkv", NG_DTYPE_BF16, 3, B, T, 3 * C);
+		matmul_fwd(b, NG_OP_WHICH_QKV, l, a->ln1, a->qkv, -1);
+		a->atty = lact(b, l, "atty", NG_DTYPE_BF16, 3, B, T, C);
+		a->lse = lact(b, l, "lse", NG_DTYPE_F32, 3, B, H, T);
+		op = mk(NG_OP_ATTENTION_FWD, NG_OP_WHICH_NONE, l, IN(a->qkv), OUT(a->atty, a->lse));
+		emit(b, &op, b->ws.attn_fwd);
+		int attproj = lact(b, l, "attproj", NG_DTYPE_BF16, 3, B, T, C);
+		matmul_fwd(b, NG_OP_WHICH_ATTPROJ, l, a->atty, attproj, -1);
+		a->resid1 = lact(b, l, "resid1", NG_DTYPE_BF16, 3, B, T, C);
+		a->ln2 = lact(b, l, "ln2", NG_DTYPE_BF16, 3, B, T, C);
+		a->mean2 = lact(b, l, "ln2.mean", NG_DTYPE_F32, 1, N, 1, 1);
+		a->rstd2 = lact(b, l, "ln2.rstd", NG_DTYPE_F32, 1, N, 1, 1);
+		op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LN2, l,
+			IN(a->resid_in, attproj, g->t_params_bf16),
+			OUT(a->resid1, a->ln2, a->mean2, a->rstd2));
+		emit_p(b, op, 0);
+		a->fch = lact(b, l, "fch", NG_DTYPE_BF16, 3, B, T, 4 * C);
+		a->fch_gelu = lact(b, l, "fch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);
+		if (g->fuse_gelu) {
+			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch_gelu, a->fch);
+		} else {
+			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch, -1);
+			op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch), OUT(a->fch_gelu));
+			emit(b, &op, 0);
+		}
+		a->fcproj = lact(b, l, "fcproj", NG_DTYPE_BF16, 3, B, T, C);
+		matmul_fwd(b, NG_OP_WHICH_FCPROJ, l, a->fch_gelu, a->fcproj, -1);
+		prev_resid1 = a->resid1;
+		prev_fcproj = a->fcproj;
+	}
+	f->resid_final = lact(b, L - 1, "resid2", NG_DTYPE_BF16, 3, B, T, C);
+	f->lnf = act(b, "lnf", NG_DTYPE_BF16, 3, B, T, C);
+	f->meanf = act(b, "lnf.mean", NG_DTYPE_F32, 1, N, 1, 1);
+	f->rstdf = act(b, "lnf.rstd", NG_DTYPE_F32, 1, N, 1, 1);
+	op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LNF, -1,
+		IN(prev_resid1, prev_fcproj, g->t_params_bf16),
+		OUT(f->resid_final, f->lnf, f->meanf, f->rstdf));
+	emit_p(b, op, 0);
+}
+
+/* The classifier in chunks. Train: head, cross-entropy (dlogits in place), head dinp into
+ * dlnf, head dW. Eval (dlnf < 0): head and the loss only. Then the loss into `loss_dst`. */
+static void build_classifier(struct bld *b, const struct fwd_out *f, int dlnf, int loss_dst)
+{
+	struct ng_graph *g = b->g;
+	const int N = (int)b->N, rows = g->head_chunk_rows;
+	b->phase = NG_PHASE_LOSS;
+	int losses = act(b, "losses", NG_DTYPE_F32, 1, b->N, 1, 1);
+	for (int c = 0, r0 = 0; r0 < N; c++, r0 += rows) {
+		int n = N - r0 < rows ? N - r0 : rows;
+		char name[24];
+		snprintf(name, sizeof(name), "logits.c%d", c);
+		int logits = act(b, name, NG_DTYPE_BF16, 2, (size_t)n, b->Vp, 1);
+		struct ng_op op = mk(NG_OP_MATMUL_FWD, NG_OP_WHICH_HEAD, -1,
+				     IN(f->lnf, g->t_params_bf16), OUT(logits));
+		op.chunk = c;
+		op.row_start = r0;
+		op.row_count = n;
+		emit_p(b, op, b->ws.matmul);
+		if (dlnf < 0) {
+			op = mk(NG_OP_CROSSENTROPY, NG_OP_WHICH_NONE, -1, IN(logits, f->targets),
+				OUT(losses));
+			op.no_grad = 1;
+		} else {
+			op = mk(NG_OP_CROSSENTROPY, NG_OP_WHICH_NONE, -1, IN(logits, f->targets),
+				OUT(logits, losses));
+		}
+		op.chunk = c;
+		op.row_start = r0;
+		op.row_count = n;
+		emit(b, &op, b->ws.crossentropy);
+		if (dlnf < 0)
+			continue;
+		op = mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_HEAD, -1, IN(logits, g->t_params_bf16),
+			OUT(dlnf));
+		op.chunk = c;
+		op.row_start = r0;
+		op.row_count = n;
+		emit_p(b, op, b->ws.matmul);
+		op = mk(NG_OP_MATMUL_DW, NG_OP_WHICH_HEAD, -1, IN(logits, f->lnf), OUT(g->t_grads));
+		op.chunk = c;
+		op.row_start = r0;
+		op.row_count = n;
+		emit_p(b, op, b->ws.matmul);
+	}
+	struct ng_op op = mk(NG_OP_LOSS_ACCUMULATE, NG_OP_WHICH_NONE, -1, IN(losses),
+			     OUT(loss_dst));
+	emit(b, &op, 0);
+}
+
+/* LayerNorm output for a backward use: the stored one, or a recompute from the statistics. */
+static int ln_for_bwd(struct bld *b, enum ng_op_which w, int l, int x, int stored, int mean,
+		      int rstd)
+{
+	struct ng_graph *g = b->g;
+	if (!g->recompute_layernorm)
+		return stored;
+	int ln = lact(b, l, w == NG_OP_WHICH_LN1 ? "ln1.re" : "ln2.re", NG_DTYPE_BF16, 3, b->B,
+		      b->T, b->C);
+	struct ng_op op = mk(NG_OP_LAYERNORM_FWD, w, l, IN(x, g->t_params_bf16, mean, rstd),
+			     OUT(ln));
+	op.recompute = 1;
+	emit_p(b, op, 0);
+	return ln;
+}
+
+/* A full-rows matmul backward pair: dW (+= grads) then dinp. aux >= 0 fuses DGELU. */
+static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int dinp,
+		       int aux)
+{
+	struct ng_graph *g = b->g;
+	struct ng_op op = mk(NG_OP_MATMUL_DW, w, l, IN(dout, inp), OUT(g->t_grads));
+	op.row_count = (int)b->N;
+	emit_p(b, op, b->ws.matmul);
+	op = aux >= 0 ? mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16, aux), OUT(dinp))
+		      : mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16), OUT(dinp));
+	op.gelu = aux >= 0;
+	op.row_count = (int)b->N;
+	emit_p(b, op, b->ws.matmul);
+}
+
+static void layernorm_bwd(struct bld *b, enum ng_op_which w, int l, int dln, int x, int mean,
+			  int rstd, int dresid)
+{
+	struct ng_graph *g = b->g;
+	struct ng_op op = mk(NG_OP_LAYERNORM_BWD, w, l, IN(dln, x, g->t_params_bf16, mean, rstd),
+			     OUT(dresid, g->t_grads));
+	emit_p(b, op, b->ws.layernorm_bwd);
+}
+
+/* One micro-batch's backward, from dlnf down to the embeddings. */
+static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
+{
+	struct ng_graph *g = b->g;
+	const size_t B = b->B, T = b->T, C = b->C;
+	b->phase = NG_PHASE_BACKWARD;
+	int dresid = act(b, "dresid", NG_DTYPE_BF16, 3, B, T, C);
+	struct ng_op op = ng_op_blank(NG_OP_ZERO);
+	op.n_out = 1;
+	op.out[0] = dresid;
+	emit(b, &op, 0);
+	layernorm_bwd(b, NG_OP_WHICH_LNF, -1, dlnf, f->resid_final, f->meanf, f->rstdf, dresid);
+	for (int l = g->cfg.L - 1; l >= 0; l--) {
+		const struct layer_acts *a = &f->la[l];
+		/* MLP: fcproj, GELU, fc */
+		int gelu_out = a->fch_gelu;
+		if (g->recompute_gelu) {
+			gelu_out = lact(b, l, "fch_gelu.re", NG_DTYPE_BF16, 3, B, T, 4 * C);
+			op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch), OUT(gelu_out));
+			op.recompute = 1;
+			emit(b, &op, 0);
+		}
+		int dfch = lact(b, l, "dfch", NG_DTYPE_BF16, 3, B, T, 4 * C);
+		if (g->fuse_gelu) {
+			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dfch, a->fch);
+		} else {
+			int dgelu = lact(b, l, "dfch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);
+			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dgelu, -1);
+			op = mk(NG_OP_GELU_BWD, NG_OP_WHICH_NONE, l, IN(a->fch, dgelu), OUT(dfch));
+			emit(b, &op, 0);
+		}
+		int ln2 = ln_for_bwd(b, NG_OP_WHICH_LN2, l, a->resid1, a->ln2, a->mean2, a->rstd2);
+		int dln2 = lact(b, l, "dln2", NG_DTYPE_BF16, 3, B, T, C);
+		matmul_bwd(b, NG_OP_WHICH_FC, l, dfch, ln2, dln2, -1);
+		layernorm_bwd(b, NG_OP_WHICH_LN2, l, dln2, a->resid1, a->mean2, a->rstd2, dresid);
+		/* attention: proj, SDPA, qkv */
+		int datty = lact(b, l, "datty", NG_DTYPE_BF16, 3, B, T, C);
+		matmul_bwd(b, NG_OP_WHICH_ATTPROJ, l, dresid, a->atty, datty, -1);
+		int dqkv = lact(b, l, "dqkv", NG_DTYPE_BF16, 3, B, T, 3 * C);
+		op = mk(NG_OP_ATTENTION_BWD, NG_OP_WHICH_NONE, l, IN(datty, a->qkv, a->atty, a->lse),
+			OUT(dqkv));
+		emit(b, &op, b->ws.attn_bwd);
+		int ln1 = ln_for_bwd(b, NG_OP_WHICH_LN1, l, a->resid_in, a->ln1, a->mean1, a->rstd1);
+		int dln1 = lact(b, l, "dln1", NG_DTYPE_BF16, 3, B, T, C);
+		matmul_bwd(b, NG_OP_WHICH_QKV, l, dqkv, ln1, dln1, -1);
+		layernorm_bwd(b, NG_OP_WHICH_LN1, l, dln1, a->resid_in, a->mean1, a->rstd1, dresid);
+	}
+	op = mk(NG_OP_ENCODER_BWD, NG_OP_WHICH_NONE, -1, IN(dresid, f->inputs), OUT(g->t_grads));
+	op.param[0] = NG_P_WTE;
+	op.param[1] = NG_P_WPE;
+	emit(b, &op, b->ws.encoder_bwd);
+}
+
+/* ZERO of one tensor, at step level. */
+static void zero(struct bld *b, int t)
+{
+	struct ng_op op = ng_op_blank(NG_OP_ZERO);
+	op.n_out = 1;
+	op.out[0] = t;
+	emit(b, &op, 0);
+}
+
+/* Check the sizes, reset the graph, declare the persistent tensors (same order in every kind)
+ * and the token buffer (K, B, T+1). */
+static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kind kind,
+			    const struct ng_gpt_config *cfg, int B, int T, int K,
+			    const struct ng_step_options *opt_in)
+{
+	struct ng_step_options opt;
+	if (opt_in)
+		opt = *opt_in;
+	else
+		ng_step_default_options(&opt);
+	ng_graph_init(g);
+	if (B < 1 || T < 1 || K < 1)
+		return ng_fail(NG_ERR_INPUT, "step: batch %d, sequence %d, micro-batches %d must "
+			       "be positive", B, T, K);
+	if (T > cfg->T)
+		return ng_fail(NG_ERR_INPUT, "step: sequence length %d exceeds the model's "
+			       "context %d", T, cfg->T);
+	if ((long long)B * T > (1LL << 30))
+		return ng_fail(NG_ERR_INPUT, "step: batch %d x sequence %d tokens is too many "
+			       "for one micro-batch", B, T);
+	if (opt.head_chunk_rows < 0)
+		return ng_fail(NG_ERR_INPUT, "step: head chunk rows %d is negative",
+			       opt.head_chunk_rows);
+	memset(b, 0, sizeof(*b));
+	b->g = g;
+	b->micro = -1;
+	b->phase = NG_PHASE_INPUT;
+	b->B = (size_t)B;
+	b->T = (size_t)T;
+	b->C = (size_t)cfg->C;
+	b->Vp = (size_t)cfg->Vp;
+	b->N = (size_t)B * (size_t)T;
+	if (opt.ws)
+		b->ws = *opt.ws;
+	else
+		ng_step_workspace_estimate(cfg, B, T, 0, &b->ws);
+	if (!opt.deterministic)
+		b->ws.encoder_bwd = MIB; /* atomics need no buckets */
+
+	g->kind = kind;
+	g->cfg = *cfg;
+	ng_gpt_layout(cfg, &g->lay);
+	g->B = B;
+	g->T = T;
+	g->K = K;
+	int N = B * T;
+	g->head_chunk_rows = opt.head_chunk_rows == 0 || opt.head_chunk_rows > N
+				     ? N : opt.head_chunk_rows;
+	g->recompute_gelu = opt.recompute_gelu;
+	g->recompute_layernorm = opt.recompute_layernorm;
+	g->fuse_gelu = opt.fuse_gelu;
+	g->deterministic = opt.deterministic;
+	g->align = opt.align ? opt.align : 256;
+
+	size_t P[1] = { g->lay.total };
+	g->t_params = ng_graph_add_tensor(g, "params", NG_DTYPE_F32, NG_ROLE_PARAM, true, 1, P, 0);
+	g->t_params_bf16 = ng_graph_add_tensor(g, "params_bf16", NG_DTYPE_BF16,
+					       NG_ROLE_PARAM_BF16, true, 1, P, 0);
+	g->t_grads = ng_graph_add_tensor(g, "grads", NG_DTYPE_F32, NG_ROLE_GRAD, true, 1, P, 0);
+	g->t_adam_m = ng_graph_add_tensor(g, "adam_m", NG_DTYPE_F32, NG_ROLE_OPT_STATE, true, 1,
+					  P, 0);
+	g->t_adam_v = ng_graph_add_tensor(g, "adam_v", NG_DTYPE_F32, NG_ROLE_OPT_STATE, true, 1,
+					  P, 0);
+	size_t S[1] = { sizeof(struct ng_step_state) };
+	g->t_step_state = ng_graph_add_tensor(g, "step_state", NG_DTYPE_U8, NG_ROLE_METRIC, true,
+					      1, S, 0);
+	if (kind == NG_GRAPH_EVAL) {
+		size_t one[1] = { 1 };
+		g->t_eval_loss = ng_graph_add_tensor(g, "eval_loss", NG_DTYPE_F32, NG_ROLE_METRIC,
+						     true, 1, one, 0);
+	} else if (kind == NG_GRAPH_SAMPLE) {
+		size_t lo[2] = { (size_t)B, (size_t)cfg->Vp };
+		g->t_logits_out = ng_graph_add_tensor(g, "logits_out", NG_DTYPE_BF16,
+						      NG_ROLE_METRIC, true, 2, lo, 0);
+	}
+	size_t tok[3] = { (size_t)K, (size_t)B, (size_t)T + 1 };
+	g->t_tokens = ng_graph_add_tensor(g, "tokens", NG_DTYPE_U16, NG_ROLE_INPUT, false, 3, tok,
+					  0);
+	struct ng_op op = ng_op_blank(NG_OP_TOKENS_H2D);
+	op.n_out = 1;
+	op.out[0] = g->t_tokens;
+	emit(b, &op, 0);
+	return g->status;
+}
+
+/* Enter micro-batch m: names get the "m<k>." prefix when K > 1. */
+static void enter_micro(struct bld *b, int m)
+{
+	b->micro = m;
+	if (b->g->K > 1)
+		snprintf(b->pfx, sizeof(b->pfx), "m%d.", m);
+	else
+		b->pfx[0] = '\0';
+}
+
+/* Leave the micro-batches: step-level names and phase. */
+static void leave_micro(struct bld *b, enum ng_phase phase)
+{
+	b->micro = -1;
+	b->pfx[0] = '\0';
+	b->phase = phase;
+}
+
+/* Plan, validate; on any failure free the graph and return the status. */
+static enum ng_status finish(struct ng_graph *g, struct fwd_out *f)
+{
+	free(f->la);
+	enum ng_status st = g->status;
+	if (!st)
+		st = ng_graph_plan(g, g->align);
+	if (!st)
+		st = ng_graph_validate(g);
+	if (st)
+		ng_graph_free(g);
+	return st;
+}
+
+static enum ng_status alloc_layers(struct ng_graph *g, struct fwd_out *f)
+{
+	memset(f, 0, sizeof(*f));
+	f->la = calloc((size_t)g->cfg.L, sizeof(*f->la));
+	if (!f->la) {
+		ng_graph_free(g);
+		return ng_fail(NG_ERR_RUNTIME, "step: out of host memory for %d layers", g->cfg.L);
+	}
+	return NG_OK;
+}
+
+enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				   int T, int K, const struct ng_step_options *opt)
+{
+	struct bld b;
+	struct fwd_out f;
+	enum ng_status st = begin(&b, g, NG_GRAPH_TRAIN, cfg, B, T, K, opt);
+	if (st || (st = alloc_layers(g, &f)))
+		return st;
+	zero(&b, g->t_grads);
+	for (int m = 0; m < K && !g->status; m++) {
+		enter_micro(&b, m);
+		build_forward(&b, &f, 0);
+		int dlnf = act(&b, "dlnf", NG_DTYPE_BF16, 3, b.B, b.T, b.C);
+		build_classifier(&b, &f, dlnf, g->t_step_state);
+		build_backward(&b, &f, dlnf);
+	}
+	leave_micro(&b, NG_PHASE_OPTIMIZER);
+	struct ng_op op = mk(NG_OP_GRAD_NORM, NG_OP_WHICH_NONE, -1, IN(g->t_grads),
+			     OUT(g->t_step_state));
+	emit(&b, &op, b.ws.grad_norm);
+	op = mk(NG_OP_SCHEDULE, NG_OP_WHICH_NONE, -1, IN(g->t_step_state), OUT(g->t_step_state));
+	emit(&b, &op, 0);
+	op = mk(NG_OP_ADAMW, NG_OP_WHICH_NONE, -1, IN(g->t_grads, g->t_step_state),
+		OUT(g->t_params, g->t_params_bf16, g->t_adam_m, g->t_adam_v));
+	emit(&b, &op, 0);
+	op = mk(NG_OP_STEP_FINISH, NG_OP_WHICH_NONE, -1, IN(g->t_step_state),
+		OUT(g->t_step_state));
+	emit(&b, &op, 0);
+	return finish(g, &f);
+}
+
+enum ng_status ng_step_build_eval(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				  int T, int K, const struct ng_step_options *opt)
+{
+	struct bld b;
+	struct fwd_out f;
+	enum ng_status st = begin(&b, g, NG_GRAPH_EVAL, cfg, B, T, K, opt);
+	if (st || (st = alloc_layers(g, &f)))
+		return st;
+	zero(&b, g->t_eval_loss);
+	for (int m = 0; m < K && !g->status; m++) {
+		enter_micro(&b, m);
+		build_forward(&b, &f, 0);
+		build_classifier(&b, &f, -1, g->t_eval_loss);
+	}
+	return finish(g, &f);
+}
+
+enum ng_status ng_step_build_sample(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				    int T, const struct ng_step_options *opt)
+{
+	struct bld b;
+	struct fwd_out f;
+	enum ng_status st = begin(&b, g, NG_GRAPH_SAMPLE, cfg, B, T, 1, opt);
+	if (st || (st = alloc_layers(g, &f)))
+		return st;
+	enter_micro(&b, 0);
+	build_forward(&b, &f, 1);
+	b.phase = NG_PHASE_LOSS;
+	int rows = act(&b, "lnf.rows", NG_DTYPE_BF16, 2, b.B, b.C, 1);
+	struct ng_op op = mk(NG_OP_GATHER_ROWS, NG_OP_WHICH_NONE, -1, IN(f.lnf, f.positions),
+			     OUT(rows));
+	emit(&b, &op, 0);
+	op = mk(NG_OP_MATMUL_FWD, NG_OP_WHICH_HEAD, -1, IN(rows, g->t_params_bf16),
+		OUT(g->t_logits_out));
+	op.row_count = B;
+	emit_p(&b, op, b.ws.matmul);
+	op = mk(NG_OP_LOGITS_OUT, NG_OP_WHICH_NONE, -1, IN(g->t_logits_out), OUT(g->t_logits_out));
+	op.n_out = 0;
+	emit(&b, &op, 0);
+	return finish(g, &f);
+}
