@@ -1,0 +1,414 @@
+/*
+ * kernels/matmul.c — cuBLASLt matmuls planned ahead (see matmul.h for the shapes, the pointer
+ * table and the epilogue semantics).
+ *
+ * Plan: descriptor + layouts + epilogue, then cublasLtMatmulAlgoGetHeuristic with the run's
+ * pointer alignment and workspace limit; with autotune, the top candidates are timed on scratch
+ * buffers (CUDA events, median of ctx->tune_reps) and the fastest kept. Run: set the bias / aux
+ * pointer attributes (host-only writes into the descriptor) and call cublasLtMatmul, plus one
+ * cublasLtMatrixTransform when an accumulated bias gradient must be added from its scratch.
+ *
+ * Column-major mapping (row-major (R, C) = column-major (C, R), ld = C):
+ *   FWD : D (OC, N) = op_T(W: IC x OC, ld IC) * inp (IC x N, ld IC)
+ *   DINP: D (IC, N) = W (IC x OC, ld IC) * dout (OC x N, ld OC)
+ *   DW  : D (IC, OC) = inp (IC x N, ld IC) * op_T(dout: OC x N, ld OC)
+ * so cuBLASLt's A is always run()'s `b` argument and B is always `a`.
+ */
+#include "kernels/matmul.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/check.h"
+
+#define NG_MM_MAX_CANDIDATES 8
+#define NG_MM_SCRATCH_ALIGN 256
+
+static const char *kind_name_(enum ng_matmul_kind k)
+{
+	switch (k) {
+	case NG_MATMUL_FWD: return "FWD";
+	case NG_MATMUL_DINP: return "DINP";
+	case NG_MATMUL_DW: return "DW";
+	}
+	return "?";
+}
+
+static size_t round_up_(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_bytes)
+{
+	memset(ctx, 0, sizeof(*ctx));
+	if (NG_CUBLAS_CHECK(cublasLtCreate(&ctx->lt))) {
+		ng_hint("is a CUDA device visible (nvidia-smi)?");
+		return NG_ERR_RUNTIME;
+	}
+	ctx->workspace_bytes = workspace_bytes;
+	ctx->align_bytes = 16;
+	ctx->tune_candidates = NG_MM_MAX_CANDIDATES;
+	ctx->tune_reps = 5;
+	return NG_OK;
+}
+
+void ng_matmul_ctx_free(struct ng_matmul_ctx *ctx)
+{
+	if (ctx->lt)
+		cublasLtDestroy(ctx->lt);
+	memset(ctx, 0, sizeof(*ctx));
+}
+
+double ng_matmul_flops(const struct ng_matmul_spec *spec)
+{
+	return 2.0 * spec->N * (double)spec->IC * spec->OC;
+}
+
+void ng_matmul_free(struct ng_matmul *mm)
+{
+	if (mm->desc)
+		cublasLtMatmulDescDestroy(mm->desc);
+	if (mm->a)
+		cublasLtMatrixLayoutDestroy(mm->a);
+	if (mm->b)
+		cublasLtMatrixLayoutDestroy(mm->b);
+	if (mm->c)
+		cublasLtMatrixLayoutDestroy(mm->c);
+	if (mm->d)
+		cublasLtMatrixLayoutDestroy(mm->d);
+	if (mm->add)
+		cublasLtMatrixTransformDescDestroy(mm->add);
+	if (mm->vec)
+		cublasLtMatrixLayoutDestroy(mm->vec);
+	memset(mm, 0, sizeof(*mm));
+}
+
+static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
+{
+	const char *k = kind_name_(sp->kind);
+	if (sp->kind != NG_MATMUL_FWD && sp->kind != NG_MATMUL_DINP && sp->kind != NG_MATMUL_DW)
+		return ng_check_arg_fail("ng_matmul_plan", "unknown kind %d", (int)sp->kind);
+	if (sp->N < 1 || sp->IC < 8 || sp->OC < 8 || sp->IC % 8 || sp->OC % 8) {
+		ng_check_arg_fail("ng_matmul_plan",
+				  "%s N=%d IC=%d OC=%d: need N >= 1 and IC, OC positive multiples of 8 "
+				  "(16-byte leading dimensions)", k, sp->N, sp->IC, sp->OC);
+		ng_hint("pad the channel counts to a multiple of 8");
+		return NG_ERR_INPUT;
+	}
+	if (sp->gelu && sp->kind == NG_MATMUL_DW)
+		return ng_check_arg_fail("ng_matmul_plan", "DW N=%d IC=%d OC=%d: gelu is for FWD/DINP",
+					 sp->N, sp->IC, sp->OC);
+	if (sp->bias && sp->kind == NG_MATMUL_DINP)
+		return ng_check_arg_fail("ng_matmul_plan", "DINP N=%d IC=%d OC=%d: bias is for FWD/DW",
+					 sp->N, sp->IC, sp->OC);
+	if (sp->accumulate && sp->kind != NG_MATMUL_DW)
+		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: accumulate is DW only",
+					 k, sp->N, sp->IC, sp->OC);
+	return NG_OK;
+}
+
+static enum ng_status set_attr_(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a,
+				const void *v, size_t n)
+{
+	return NG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, a, v, n));
+}
+
+/* Descriptor, layouts and epilogue of the spec (no algorithm yet). */
+static enum ng_status build_descriptors_(struct ng_matmul *mm)
+{
+	const struct ng_matmul_spec *sp = &mm->spec;
+	const uint64_t N = (uint64_t)sp->N, IC = (uint64_t)sp->IC, OC = (uint64_t)sp->OC;
+	cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+	cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+	cudaDataType_t dt = CUDA_R_16BF;
+	uint64_t ar, ac, br, bc; /* rows, cols of A and B as stored (column-major) */
+	switch (sp->kind) {
+	case NG_MATMUL_FWD:
+		mm->m = sp->OC; mm->n = sp->N; mm->k = sp->IC;
+		ta = CUBLAS_OP_T; ar = IC; ac = OC; br = IC; bc = N;
+		if (sp->gelu)
+			epi = sp->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+		else if (sp->bias)
+			epi = CUBLASLT_EPILOGUE_BIAS;
+		break;
+	case NG_MATMUL_DINP:
+		mm->m = sp->IC; mm->n = sp->N; mm->k = sp->OC;
+		ar = IC; ac = OC; br = OC; bc = N;
+		if (sp->gelu)
+			epi = CUBLASLT_EPILOGUE_DGELU;
+		break;
+	default: /* NG_MATMUL_DW */
+		mm->m = sp->IC; mm->n = sp->OC; mm->k = sp->N;
+		tb = CUBLAS_OP_T; ar = IC; ac = N; br = OC; bc = N;
+		dt = CUDA_R_32F;
+		if (sp->bias)
+			epi = CUBLASLT_EPILOGUE_BGRADB;
+		break;
+	}
+	mm->beta = sp->accumulate ? 1.0f : 0.0f;
+
+	if (NG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mm->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)))
+		return NG_ERR_RUNTIME;
+	if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ||
+	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
+	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)))
+		return NG_ERR_RUNTIME;
+	if (sp->bias) {
+		int32_t bt = (sp->kind == NG_MATMUL_DW) ? CUDA_R_32F : CUDA_R_16BF;
+		if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)))
+			return NG_ERR_RUNTIME;
+	}
+	if (sp->gelu) {
+		int64_t ld = mm->m; /* aux has D's shape: (m, n) column-major */
+		int32_t at = CUDA_R_16BF;
+		if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)) ||
+		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof(at)))
+			return NG_ERR_RUNTIME;
+	}
+	if (NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->a, CUDA_R_16BF, ar, ac, (int64_t)ar)) ||
+	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->b, CUDA_R_16BF, br, bc, (int64_t)br)) ||
+	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->c, dt, (uint64_t)mm->m, (uint64_t)mm->n,
+						       mm->m)) ||
+	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->d, dt, (uint64_t)mm->m, (uint64_t)mm->n,
+						       mm->m)))
+		return NG_ERR_RUNTIME;
+	if (sp->kind == NG_MATMUL_DW && sp->bias && sp->accumulate) {
+		if (NG_CUBLAS_CHECK(cublasLtMatrixTransformDescCreate(&mm->add, CUDA_R_32F)) ||
+		    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->vec, CUDA_R_32F, OC, 1,
+							       (int64_t)OC)))
+			return NG_ERR_RUNTIME;
+	}
+	return NG_OK;
+}
+
+static enum ng_status heuristic_(struct ng_matmul *mm, const struct ng_matmul_ctx *ctx,
+				 cublasLtMatmulHeuristicResult_t *res, int want, int *got)
+{
+	cublasLtMatmulPreference_t pref = NULL;
+	enum ng_status st = NG_ERR_RUNTIME;
+	uint64_t ws = ctx->workspace_bytes;
+	uint32_t al = ctx->align_bytes;
+	if (NG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref)))
+		return NG_ERR_RUNTIME;
+	if (NG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+		    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))))
+		goto out_free_pref;
+	for (int i = 0; i < 4; i++) {
+		cublasLtMatmulPreferenceAttributes_t at[4] = {
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+		if (NG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, at[i], &al,
+									 sizeof(al))))
+			goto out_free_pref;
+	}
+	*got = 0;
+	cublasStatus_t cs = cublasLtMatmulAlgoGetHeuristic(mm->lt, mm->desc, mm->a, mm->b, mm->c,
+							   mm->d, pref, want, res, got);
+	if (cs != CUBLAS_STATUS_SUCCESS || *got == 0) {
+		st = ng_fail(NG_ERR_RUNTIME,
+			     "ng_matmul_plan: cuBLASLt has no algorithm for %s N=%d IC=%d OC=%d "
+			     "(gelu %d, bias %d, accumulate %d): cublasLtMatmulAlgoGetHeuristic "
+			     "status %d, %d results", kind_name_(mm->spec.kind), mm->spec.N,
+			     mm->spec.IC, mm->spec.OC, mm->spec.gelu, mm->spec.bias,
+			     mm->spec.accumulate, (int)cs, *got);
+		ng_hint("a larger workspace (ng_matmul_ctx_init) or pointer alignment may help");
+		goto out_free_pref;
+	}
+	st = NG_OK;
+out_free_pref:
+	cublasLtMatmulPreferenceDestroy(pref);
+	return st;
+}
+
+static int cmp_float_(const void *x, const void *y)
+{
+	float a = *(const float *)x, b = *(const float *)y;
+	return (a > b) - (a < b);
+}
+
+/* Scratch buffers of the right sizes for timing candidates, filled with a nonzero pattern. */
+struct tune_bufs_ {
+	void *a, *b, *out, *bias, *aux, *ws; /* device buffers; NULL when not needed */
+};
+
+static void tune_bufs_free_(struct tune_bufs_ *t)
+{
+	void *p[6] = {t->a, t->b, t->out, t->bias, t->aux, t->ws};
+	for (int i = 0; i < 6; i++)
+		if (p[i])
+			cudaFree(p[i]);
+	memset(t, 0, sizeof(*t));
+}
+
+static enum ng_status tune_alloc_(void **p, size_t bytes)
+{
+	if (NG_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 16)))
+		return NG_ERR_RUNTIME;
+	/* bytes 0x3c: bf16 0x3c3c ~ 0.0115, fp32 0x3c3c3c3c ~ 0.0115 */
+	return NG_CUDA_CHECK(cudaMemset(*p, 0x3c, bytes ? bytes : 16));
+}
+
+/* Time each usable candidate; keep the fastest in mm->algo / mm->chosen. */
+static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx *ctx,
+				const cublasLtMatmulHeuristicResult_t *res, int got)
+{
+	const struct ng_matmul_spec *sp = &mm->spec;
+	struct tune_bufs_ t = {0};
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	enum ng_status st = NG_ERR_RUNTIME;
+	size_t es_out = sp->kind == NG_MATMUL_DW ? 4 : 2;
+	size_t a_el = (size_t)sp->N * (sp->kind == NG_MATMUL_FWD ? sp->IC : sp->OC);
+	size_t b_el = sp->kind == NG_MATMUL_DW ? (size_t)sp->N * sp->IC : (size_t)sp->OC * sp->IC;
+	size_t max_ws = 0;
+	int reps = ctx->tune_reps > 0 ? ctx->tune_reps : 1;
+	float best = -1.0f;
+	for (int i = 0; i < got; i++)
+		if (res[i].workspaceSize > max_ws)
+			max_ws = res[i].workspaceSize;
+	if (tune_alloc_(&t.a, a_el * 2) || tune_alloc_(&t.b, b_el * 2) ||
+	    tune_alloc_(&t.out, (size_t)mm->m * mm->n * es_out) ||
+	    tune_alloc_(&t.bias, (size_t)sp->OC * 4) ||
+	    tune_alloc_(&t.aux, sp->gelu ? (size_t)mm->m * mm->n * 2 : 0) ||
+	    tune_alloc_(&t.ws, round_up_(max_ws, NG_MM_SCRATCH_ALIGN) + (size_t)sp->OC * 4))
+		goto out_free;
+	if (NG_CUDA_CHECK(cudaEventCreate(&e0)) || NG_CUDA_CHECK(cudaEventCreate(&e1)))
+		goto out_free;
+	for (int i = 0; i < got; i++) {
+		float ms[32];
+		int nr = reps < 32 ? reps : 32, ok = 1;
+		mm->algo = res[i].algo;
+		mm->algo_ws = res[i].workspaceSize;
+		mm->scratch_off = round_up_(mm->algo_ws, NG_MM_SCRATCH_ALIGN);
+		mm->workspace_need = mm->scratch_off + (mm->add ? (size_t)sp->OC * 4 : 0);
+		for (int r = -1; r < nr && ok; r++) { /* r = -1: warm-up, not timed */
+			cudaEventRecord(e0, 0);
+			if (ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
+				ok = 0;
+			cudaEventRecord(e1, 0);
+			if (ok && NG_CUDA_CHECK(cudaEventSynchronize(e1)))
+				goto out_free;
+			if (ok && r >= 0)
+				cudaEventElapsedTime(&ms[r], e0, e1);
+		}
+		if (!ok) { /* a candidate that fails to run is skipped, not fatal */
+			ng_clear_error();
+			cudaGetLastError();
+			continue;
+		}
+		qsort(ms, (size_t)nr, sizeof(float), cmp_float_);
+		if (i < NG_MM_MAX_CANDIDATES)
+			mm->tuned_ms[i] = ms[nr / 2];
+		if (best < 0.0f || ms[nr / 2] < best) {
+			best = ms[nr / 2];
+			mm->chosen = i;
+		}
+	}
+	if (best < 0.0f) {
+		st = ng_fail(NG_ERR_RUNTIME, "ng_matmul_plan: none of %d candidates ran for %s N=%d "
+			     "IC=%d OC=%d", got, kind_name_(sp->kind), sp->N, sp->IC, sp->OC);
+		goto out_free;
+	}
+	st = NG_OK;
+out_free:
+	if (e0)
+		cudaEventDestroy(e0);
+	if (e1)
+		cudaEventDestroy(e1);
+	tune_bufs_free_(&t);
+	return st;
+}
+
+enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
+			      const struct ng_matmul_spec *spec)
+{
+	cublasLtMatmulHeuristicResult_t res[NG_MM_MAX_CANDIDATES];
+	enum ng_status st;
+	int want = 1, got = 0;
+	memset(mm, 0, sizeof(*mm));
+	if ((st = check_spec_(spec)))
+		return st;
+	mm->spec = *spec;
+	mm->lt = ctx->lt;
+	mm->align_bytes = ctx->align_bytes < 16 ? 16 : ctx->align_bytes;
+	if ((st = build_descriptors_(mm)))
+		goto out_fail;
+	if (spec->autotune)
+		want = ctx->tune_candidates < 1 ? 1
+		       : ctx->tune_candidates > NG_MM_MAX_CANDIDATES ? NG_MM_MAX_CANDIDATES
+								     : ctx->tune_candidates;
+	memset(res, 0, sizeof(res));
+	if ((st = heuristic_(mm, ctx, res, want, &got)))
+		goto out_fail;
+	mm->n_candidates = got;
+	mm->chosen = 0;
+	if (spec->autotune && got > 1 && (st = autotune_(mm, ctx, res, got)))
+		goto out_fail;
+	mm->algo = res[mm->chosen].algo;
+	mm->algo_ws = res[mm->chosen].workspaceSize;
+	mm->scratch_off = round_up_(mm->algo_ws, NG_MM_SCRATCH_ALIGN);
+	mm->workspace_need = mm->add ? mm->scratch_off + (size_t)spec->OC * 4 : mm->algo_ws;
+	return NG_OK;
+out_fail:
+	ng_matmul_free(mm);
+	return st;
+}
+
+static enum ng_status check_ptr_(const struct ng_matmul *mm, const char *name, const void *p)
+{
+	const struct ng_matmul_spec *sp = &mm->spec;
+	if (!p || (uintptr_t)p % mm->align_bytes)
+		return ng_check_arg_fail("ng_matmul_run",
+					 "%s N=%d IC=%d OC=%d: pointer %s = %p is %s (need %u-byte "
+					 "alignment)", kind_name_(sp->kind), sp->N, sp->IC, sp->OC,
+					 name, p, p ? "misaligned" : "NULL", mm->align_bytes);
+	return NG_OK;
+}
+
+enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *a, const void *b,
+			     const void *bias, void *aux, void *dbias, void *workspace,
+			     cudaStream_t s)
+{
+	const struct ng_matmul_spec *sp = &mm->spec;
+	const float one = 1.0f;
+	const void *bias_ptr = NULL;
+	if (check_ptr_(mm, "out", out) || check_ptr_(mm, "a", a) || check_ptr_(mm, "b", b))
+		return NG_ERR_INPUT;
+	if (sp->gelu && check_ptr_(mm, "aux", aux))
+		return NG_ERR_INPUT;
+	if (mm->workspace_need && check_ptr_(mm, "workspace", workspace))
+		return NG_ERR_INPUT;
+	if (sp->bias && sp->kind == NG_MATMUL_FWD) {
+		if (check_ptr_(mm, "bias", bias))
+			return NG_ERR_INPUT;
+		bias_ptr = bias;
+	}
+	if (sp->bias && sp->kind == NG_MATMUL_DW) {
+		if (check_ptr_(mm, "dbias", dbias))
+			return NG_ERR_INPUT;
+		bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
+	}
+	if (bias_ptr && set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+				  sizeof(bias_ptr)))
+		return NG_ERR_RUNTIME;
+	if (sp->gelu && set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+				  sizeof(aux)))
+		return NG_ERR_RUNTIME;
+	cublasStatus_t cs = cublasLtMatmul(mm->lt, mm->desc, &one, b, mm->a, a, mm->b, &mm->beta,
+					   out, mm->c, out, mm->d, &mm->algo, workspace,
+					   mm->algo_ws, s);
+	if (cs != CUBLAS_STATUS_SUCCESS)
+		return ng_fail(NG_ERR_RUNTIME, "ng_matmul_run: cublasLtMatmul failed for %s N=%d IC=%d "
+			       "OC=%d (gelu %d, bias %d, accumulate %d): cublasStatus %d",
+			       kind_name_(sp->kind), sp->N, sp->IC, sp->OC, sp->gelu, sp->bias,
+			       sp->accumulate, (int)cs);
+	if (mm->add) {
+		cs = cublasLtMatrixTransform(mm->lt, mm->add, &one, bias_ptr, mm->vec, &one, dbias,
+					     mm->vec, dbias, mm->vec, s);
+		if (cs != CUBLAS_STATUS_SUCCESS)
+			return ng_fail(NG_ERR_RUNTIME, "ng_matmul_run: cublasLtMatrixTransform "
+				       "(dbias += scratch) failed for DW N=%d IC=%d OC=%d: "
+				       "cublasStatus %d", sp->N, sp->IC, sp->OC, (int)cs);
+	}
+	return NG_OK;
+}

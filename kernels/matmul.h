@@ -1,0 +1,143 @@
+/*
+ * kernels/matmul.h — every matmul of the GPT-2 step through cuBLASLt, planned ahead.
+ *
+ * Why: DESIGN.md wants everything decided before the first step. ng_matmul_plan() builds the
+ * operation descriptor, the four matrix layouts and the epilogue, asks the heuristic (and, on
+ * request, times up to 8 candidates on scratch buffers) and keeps the chosen algorithm;
+ * ng_matmul_run() then only sets the pointer attributes (bias / aux) and calls cublasLtMatmul
+ * — no descriptor creation, no heuristic query, no allocation — so it can be captured into the
+ * step's CUDA graph.
+ *
+ * Conventions (row-major throughout, as graph/cpu_ops.h): N rows (B*T tokens), a linear layer
+ * stores W as (OC, IC) like torch.nn.Linear. cuBLASLt is column-major, so a row-major (R, C)
+ * matrix is used as a column-major (C, R) one with ld = C; no copies, only the ops change.
+ *
+ *   kind                    computes (row-major)                             cuBLASLt (m, n, k)
+ *   NG_MATMUL_FWD   out (N, OC) bf16 = inp (N, IC) @ W^T [+ bias (OC) bf16]      (OC, N, IC)
+ *                   gelu: aux (N, OC) bf16 = the pre-activation inp @ W^T + bias,
+ *                         out = GELU(pre-activation) (epilogue GELU_AUX_BIAS / GELU_AUX)
+ *   NG_MATMUL_DINP  dinp (N, IC) bf16 = dout (N, OC) @ W                         (IC, N, OC)
+ *                   gelu: dinp = (dout @ W) * GELU'(aux), elementwise, where aux (N, IC)
+ *                         bf16 is the pre-activation whose GELU was this layer's INPUT in the
+ *                         forward (for the MLP projection: the fc layer's aux). cuBLASLt's
+ *                         DGELU epilogue multiplies the matmul RESULT (D) by the GELU
+ *                         derivative of an aux matrix of D's shape: aux is read, never written.
+ *   NG_MATMUL_DW    dW (OC, IC) fp32 (+)= dout^T (OC, N) @ inp (N, IC)              (IC, OC, N)
+ *                   bias: dbias (OC) fp32 (+)= column sums of dout (epilogue BGRADB, the
+ *                         reduction over k = N of the B operand, which is dout).
+ *                   accumulate: "+=" (beta = 1: gradient accumulation over micro-batches);
+ *                   otherwise "=". BGRADB always WRITES its vector, so with accumulate the
+ *                   plan writes it into a scratch slot at the end of the workspace and adds it
+ *                   to dbias with cublasLtMatrixTransform (dbias = 1*scratch + 1*dbias), two
+ *                   stream-ordered calls, deterministic. Measured cost: see "Bias gradient" below.
+ *
+ * GELU is cuBLASLt's (tanh form, like GPT-2; checked against graph/cpu_ops.c in
+ * tests/test_matmul.c). Accumulation is fp32 (CUBLAS_COMPUTE_32F), alpha = 1.
+ *
+ * Preconditions checked (failures name the shape and the value): IC and OC multiples of 8 (every
+ * leading dimension, aux's included, is IC or OC bf16 elements: 16 bytes), N >= 1; at run time
+ * every pointer 16-byte aligned (ctx->align_bytes, or what was asked for), required pointers
+ * non-NULL, workspace non-NULL when the plan needs one.
+ *
+ * One plan per call site: ng_matmul_run() writes the bias/aux pointers into the plan's
+ * descriptor, so one plan must not run concurrently from two host threads.
+ *
+ * References: cuBLASLt API (cublasLt.h: cublasLtEpilogue_t, CUBLASLT_MATMUL_DESC_*),
+ * "cuBLASLt matmul, epilogues" in the cuBLAS documentation.
+ */
+#ifndef NG_KERNELS_MATMUL_H
+#define NG_KERNELS_MATMUL_H
+
+#include <stddef.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Shared by every plan of a run. */
+struct ng_matmul_ctx {
+	cublasLtHandle_t lt;       /* the cuBLASLt handle */
+	size_t workspace_bytes;    /* the most workspace one matmul may ask for (heuristic limit) */
+	unsigned align_bytes;      /* alignment every pointer passed to run has (16 or more); the
+	                            * heuristic only offers algorithms that work with it */
+	int tune_candidates;       /* autotune: heuristic candidates timed (1..8) */
+	int tune_reps;             /* autotune: timed repetitions per candidate (median kept) */
+};
+
+enum ng_matmul_kind {
+	NG_MATMUL_FWD,  /* out = inp @ W^T (+ bias) (GELU) */
+	NG_MATMUL_DINP, /* dinp = dout @ W (* GELU'(aux)) */
+	NG_MATMUL_DW,   /* dW (+)= dout^T @ inp, dbias (+)= colsum(dout) */
+};
+
+/* What one call site computes. */
+struct ng_matmul_spec {
+	enum ng_matmul_kind kind;
+	int N;          /* rows (B*T tokens of this call), >= 1 */
+	int IC;         /* input features: W is (OC, IC); multiple of 8 */
+	int OC;         /* output features; multiple of 8 */
+	int gelu;       /* FWD: GELU epilogue with aux output; DINP: DGELU with aux input */
+	int bias;       /* FWD: add bias (OC) bf16; DW: also produce dbias (OC) fp32 */
+	int accumulate; /* DW only: dW and dbias "+=" (beta = 1) instead of "=" */
+	int autotune;   /* time the heuristic's top candidates at plan time, keep the fastest */
+};
+
+/* A planned matmul; every descriptor lives until ng_matmul_free(). */
+struct ng_matmul {
+	struct ng_matmul_spec spec;       /* what was asked for */
+	cublasLtHandle_t lt;              /* the ctx's handle */
+	cublasLtMatmulDesc_t desc;        /* ops, compute type, epilogue, aux ld/type, bias type */
+	cublasLtMatrixLayout_t a, b, c, d;/* column-major layouts of A, B, C (= D) and D */
+	cublasLtMatmulAlgo_t algo;        /* the chosen algorithm */
+	cublasLtMatrixTransformDesc_t add;/* DW + bias + accumulate: dbias += scratch; else NULL */
+	cublasLtMatrixLayout_t vec;       /* layout of dbias / its scratch (OC, 1) fp32; or NULL */
+	size_t algo_ws;                   /* workspace bytes the algorithm uses (front of ws) */
+	size_t scratch_off;               /* offset of the dbias scratch in the workspace */
+	size_t workspace_need;            /* bytes the caller's workspace must have */
+	unsigned align_bytes;             /* pointer alignment checked at run */
+	int m, n, k;                      /* cuBLASLt's problem size (see the table above) */
+	float beta;                       /* 0, or 1 when DW accumulates */
+	int n_candidates;                 /* heuristic results considered */
+	int chosen;                       /* index of the chosen one among them (0 = heuristic's) */
+	float tuned_ms[8];                /* autotune: median ms per candidate (0 when not timed) */
+};
+
+/* Create the cuBLASLt handle. workspace_bytes: the most one matmul may use (32 MiB is plenty on
+ * Hopper). Defaults: align 16, autotune 8 candidates x 5 repetitions. */
+enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_bytes);
+void ng_matmul_ctx_free(struct ng_matmul_ctx *ctx);
+
+/* Describe one matmul and choose its algorithm. With spec->autotune it allocates scratch
+ * buffers, times candidates on the legacy default stream and frees them: call it before any
+ * capture. Fails with NG_ERR_INPUT for a bad shape, NG_ERR_RUNTIME when cuBLASLt offers no
+ * algorithm (the message names the shape and the cuBLASLt status). */
+enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
+			      const struct ng_matmul_spec *spec);
+
+/* Run a planned matmul on stream s. Pointer meanings per kind (all device, row-major):
+ *              out               a                 b                bias       aux         dbias
+ *   FWD   out (N,OC) bf16  inp (N,IC) bf16   W (OC,IC) bf16   (OC) bf16  (N,OC) bf16 w  -
+ *   DINP  dinp (N,IC) bf16 dout (N,OC) bf16  W (OC,IC) bf16   -          (N,IC) bf16 r  -
+ *   DW    dW (OC,IC) fp32  dout (N,OC) bf16  inp (N,IC) bf16  -          -           (OC) fp32
+ * "-": ignored, pass NULL. bias / aux / dbias are required exactly when spec.bias / spec.gelu
+ * ask for them. workspace: device memory of mm->workspace_need bytes (may be NULL when 0), not
+ * used by anything else running concurrently. */
+enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *a, const void *b,
+			     const void *bias, void *aux, void *dbias, void *workspace,
+			     cudaStream_t s);
+
+/* FLOPs of one run (2 * N * IC * OC), for benchmarks. */
+double ng_matmul_flops(const struct ng_matmul_spec *spec);
+
+void ng_matmul_free(struct ng_matmul *mm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
