@@ -232,7 +232,7 @@ enum ng_status ng_loader_open(struct ng_loader *ld, const struct ng_loader_confi
 		ld->cfg.free = default_free;
 	}
 	glob_t g;
-	int gr = glob(cfg->pattern, GLOB_ERR, NULL, &g);
+	int gr = glob(cfg->pattern, 0, NULL, &g);
 	if (gr == GLOB_NOMATCH) {
 		ng_fail(NG_ERR_INPUT, "no files match '%s'", cfg->pattern);
 		ng_hint("check the path; nanograph prepare writes train_*.bin and val_*.bin");

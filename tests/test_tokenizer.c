@@ -1,0 +1,216 @@
+/*
+ * tests/test_tokenizer.c — the GPT-2 BPE tokenizer: exact encodings of
+ * ../shared/data/gpt2/encode_cases.json, decode(encode(x)) == x for random bytes (invalid UTF-8
+ * included), long words, cache on/off agreement, and missing / corrupt vocabulary files.
+ * The vocabulary comes from ../shared/data/gpt2 (relative to the project root, where meson runs
+ * the tests) or $NG_GPT2_DIR; without either the tests are skipped, saying so.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data/tokenizer.h"
+#include "util/rng.h"
+
+static const char *gpt2_dir(void)
+{
+	struct stat st;
+	if (stat("../shared/data/gpt2/encoder.json", &st) == 0)
+		return "../shared/data/gpt2";
+	const char *env = getenv("NG_GPT2_DIR");
+	return env && env[0] ? env : NULL;
+}
+
+static struct ng_tokenizer tok;
+
+static void load(void)
+{
+	const char *dir = gpt2_dir();
+	if (!dir)
+		cr_skip_test("no GPT-2 vocabulary: neither ../shared/data/gpt2 nor $NG_GPT2_DIR");
+	ng_clear_error();
+	cr_assert_eq(ng_tokenizer_load(&tok, dir), NG_OK, "load %s: %s", dir, ng_error_message());
+}
+
+static void unload(void) { ng_tokenizer_free(&tok); }
+
+TestSuite(tokenizer, .init = load, .fini = unload);
+
+Test(tokenizer, encode_cases_exact)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/encode_cases.json", gpt2_dir());
+	json_error_t err;
+	json_t *cases = json_load_file(path, 0, &err);
+	cr_assert(cases && json_is_array(cases), "%s: %s", path, err.text);
+	cr_assert_eq(tok.n_vocab, 50257);
+	size_t i;
+	json_t *c;
+	struct ng_bpe_cache cache = { 0 };
+	json_array_foreach(cases, i, c) {
+		const char *text = json_string_value(json_object_get(c, "text"));
+		json_t *want = json_object_get(c, "tokens");
+		for (int pass = 0; pass < 3; pass++) { /* no cache, cold cache, warm cache */
+			struct ng_token_buf out = { 0 };
+			cr_assert_eq(ng_tokenizer_encode(&tok, pass ? &cache : NULL, text, strlen(text),
+							 &out), NG_OK);
+			cr_assert_eq(out.len, json_array_size(want), "case %zu \"%s\": %zu tokens, want "
+				     "%zu", i, text, out.len, json_array_size(want));
+			for (size_t k = 0; k < out.len; k++)
+				cr_assert_eq(out.data[k],
+					     json_integer_value(json_array_get(want, k)),
+					     "case %zu \"%s\" token %zu: %u, want %lld", i, text, k,
+					     out.data[k],
+					     (long long)json_integer_value(json_array_get(want, k)));
+			char *back;
+			size_t blen;
+			cr_assert_eq(ng_tokenizer_decode(&tok, out.data, out.len, &back, &blen), NG_OK);
+			cr_assert(blen == strlen(text) && memcmp(back, text, blen) == 0,
+				  "case %zu: decode differs", i);
+			free(back);
+			free(out.data);
+		}
+	}
+	ng_bpe_cache_free(&cache);
+	json_decref(cases);
+}
+
+Test(tokenizer, eot_token)
+{
+	size_t n;
+	const char *b = ng_tokenizer_token_bytes(&tok, NG_TOKENIZER_EOT, &n);
+	cr_assert(b && n == 13 && memcmp(b, "<|endoftext|>", 13) == 0);
+	cr_assert_null(ng_tokenizer_token_bytes(&tok, 50257, &n));
+}
+
+/* Random byte strings mixing ASCII words, valid multi-byte UTF-8 and raw garbage. */
+static size_t random_text(struct ng_rng *r, char *buf, size_t cap)
+{
+	static const char *pieces[] = { " the", "'s", "  ", "\n\n", "\t", "ü", "—", "🙂", "123",
+					"é", "'ll", "x", "\xff", "\xc3", "\xe2\x80", "\x80", "\0",
+					"\xf0\x9f", ".", "," };
+	size_t n = 0;
+	while (n + 8 < cap) {
+		if (ng_rng_below(r, 3) == 0) {
+			buf[n++] = (char)ng_rng_below(r, 256);
+		} else {
+			const char *p = pieces[ng_rng_below(r, sizeof(pieces) / sizeof(pieces[0]))];
+			size_t l = p[0] ? strlen(p) : 1;
+			memcpy(buf + n, p, l);
+			n += l;
+		}
+		if (ng_rng_below(r, 200) == 0)
+			break;
+	}
+	return n;
+}
+
+Test(tokenizer, roundtrip_any_bytes)
+{
+	uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	struct ng_bpe_cache cache = { 0 };
+	char buf[4096];
+	for (int it = 0; it < 3000; it++) {
+		size_t n = random_text(&r, buf, sizeof(buf));
+		struct ng_token_buf a = { 0 }, b = { 0 };
+		cr_assert_eq(ng_tokenizer_encode(&tok, &cache, buf, n, &a), NG_OK, "seed %llu: %s",
+			     (unsigned long long)seed, ng_error_message());
+		cr_assert_eq(ng_tokenizer_encode(&tok, NULL, buf, n, &b), NG_OK);
+		cr_assert(a.len == b.len && memcmp(a.data, b.data, a.len * 2) == 0,
+			  "seed %llu iter %d: cached and uncached encodings differ",
+			  (unsigned long long)seed, it);
+		char *back;
+		size_t blen;
+		cr_assert_eq(ng_tokenizer_decode(&tok, a.data, a.len, &back, &blen), NG_OK);
+		size_t bad = 0;
+		while (bad < n && bad < blen && back[bad] == buf[bad])
+			bad++;
+		cr_assert(blen == n && bad == n, "seed %llu iter %d: decode(encode(x)) != x "
+			  "(%zu vs %zu bytes, first difference at byte %zu)",
+			  (unsigned long long)seed, it, blen, n, bad);
+		free(back);
+		free(a.data);
+		free(b.data);
+	}
+	ng_bpe_cache_free(&cache);
+}
+
+Test(tokenizer, long_word_is_fast_and_exact)
+{
+	size_t n = 1 << 20; /* one 1 MB pre-token: quadratic BPE would take minutes */
+	char *w = malloc(n);
+	for (size_t i = 0; i < n; i++)
+		w[i] = "abcdefghij"[i % 7];
+	struct ng_token_buf out = { 0 };
+	clock_t t0 = clock();
+	cr_assert_eq(ng_tokenizer_encode(&tok, NULL, w, n, &out), NG_OK);
+	double s = (double)(clock() - t0) / CLOCKS_PER_SEC;
+	cr_assert_lt(s, 5.0, "1 MB word took %.2f s", s);
+	char *back;
+	size_t blen;
+	cr_assert_eq(ng_tokenizer_decode(&tok, out.data, out.len, &back, &blen), NG_OK);
+	cr_assert(blen == n && memcmp(back, w, n) == 0);
+	cr_assert_lt(out.len, n / 2, "BPE merged too little: %zu tokens", out.len);
+	free(back);
+	free(out.data);
+	free(w);
+}
+
+/* ---- bad vocabulary directories (no suite init: these build their own) ---- */
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "wb");
+	cr_assert(f, "cannot write %s", path);
+	fputs(text, f);
+	fclose(f);
+}
+
+static void expect_load_error(const char *dir, const char *needle)
+{
+	struct ng_tokenizer t;
+	ng_clear_error();
+	cr_assert_eq(ng_tokenizer_load(&t, dir), NG_ERR_INPUT, "dir %s loaded", dir);
+	cr_assert(strstr(ng_error_message(), needle), "error '%s' does not name '%s'",
+		  ng_error_message(), needle);
+	cr_assert_null(strchr(ng_error_message(), '\n'), "error is more than one line");
+}
+
+Test(tokenizer_files, missing_and_corrupt)
+{
+	const char *src = gpt2_dir();
+	if (!src)
+		cr_skip_test("no GPT-2 vocabulary: neither ../shared/data/gpt2 nor $NG_GPT2_DIR");
+	char dir[] = "/tmp/ng_tok_XXXXXX", a[4200], b[4200], cmd[9000];
+	cr_assert(mkdtemp(dir));
+	snprintf(a, sizeof(a), "%s/encoder.json", dir);
+	snprintf(b, sizeof(b), "%s/vocab.bpe", dir);
+	expect_load_error(dir, "encoder.json"); /* both missing */
+	expect_load_error("/nonexistent/gpt2", "/nonexistent/gpt2/encoder.json");
+	write_file(a, "{\"a\": 1, ");
+	expect_load_error(dir, "encoder.json"); /* truncated JSON */
+	write_file(a, "[1, 2, 3]");
+	expect_load_error(dir, "encoder.json"); /* not an object */
+	snprintf(cmd, sizeof(cmd), "cp '%s/encoder.json' '%s/'", src, dir);
+	cr_assert_eq(system(cmd), 0);
+	expect_load_error(dir, "vocab.bpe"); /* merges missing */
+	write_file(b, "#version: 0.2\n\xc4\xa0 t\nno_space_here\n");
+	expect_load_error(dir, "vocab.bpe line 3");
+	write_file(b, "#version: 0.2\nzzzzqqq xxyyq\n");
+	expect_load_error(dir, "vocab.bpe line 2");
+	write_file(b, "#version: 0.2\n\xc4\xa0 t\n"); /* valid, one merge */
+	struct ng_tokenizer t;
+	ng_clear_error();
+	cr_assert_eq(ng_tokenizer_load(&t, dir), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(t.n_merges, 1);
+	ng_tokenizer_free(&t);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
