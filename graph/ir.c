@@ -299,3 +299,59 @@ size_t ng_graph_role_bytes(const struct ng_graph *g, enum ng_role role)
 			s += g->tensors[i].bytes;
 	return s;
 }
+
+int ng_graph_peak(const struct ng_graph *g, size_t *by_role)
+{
+	for (int r = 0; r < NG_ROLE_COUNT; r++)
+		by_role[r] = 0;
+	if (g->n_ops == 0)
+		return -1;
+	size_t align = g->align ? g->align : NG_ARENA_ALIGN;
+	/* difference array of live aligned bytes per op */
+	long long *d = calloc((size_t)g->n_ops + 1, sizeof(long long));
+	if (!d)
+		return -1;
+	bool any = false;
+	for (int i = 0; i < g->n_tensors; i++) {
+		const struct ng_tensor *t = &g->tensors[i];
+		if (t->persistent || t->first_op < 0)
+			continue;
+		long long s = (long long)align_up(t->bytes, align);
+		d[t->first_op] += s;
+		d[t->last_op + 1] -= s;
+		any = true;
+	}
+	int peak_op = 0;
+	long long live = 0, peak = -1;
+	for (int k = 0; k < g->n_ops; k++) {
+		live += d[k];
+		if (live > peak) {
+			peak = live;
+			peak_op = k;
+		}
+	}
+	free(d);
+	if (!any)
+		return -1;
+	for (int i = 0; i < g->n_tensors; i++) {
+		const struct ng_tensor *t = &g->tensors[i];
+		if (!t->persistent && t->first_op >= 0 && t->first_op <= peak_op &&
+		    peak_op <= t->last_op)
+			by_role[t->role] += align_up(t->bytes, align);
+	}
+	return peak_op;
+}
+
+enum ng_status ng_plan_check_fit(size_t total_bytes, size_t gpu_bytes)
+{
+	if (total_bytes <= gpu_bytes)
+		return NG_OK;
+	const double gib = 1024.0 * 1024.0 * 1024.0;
+	ng_fail(NG_ERR_INPUT, "the step needs %.2f GiB of device memory but the GPU has %.2f GiB "
+		"(%.2f GiB short)", total_bytes / gib, gpu_bytes / gib,
+		(total_bytes - gpu_bytes) / gib);
+	ng_hint("recompute in the backward (--recompute gelu,layernorm), chunk the classifier "
+		"(--head-chunk 8192), or halve --batch and keep the tokens per step with "
+		"--total-batch; nanograph plan shows each effect");
+	return NG_ERR_INPUT;
+}

@@ -249,6 +249,16 @@ enum ng_status ng_graph_validate(const struct ng_graph *g);
 /* Bytes of all tensors of a role (persistent or not, unaligned). */
 size_t ng_graph_role_bytes(const struct ng_graph *g, enum ng_role role);
 
+/* The op where the planned (non-persistent) live bytes peak — the lower bound's op — and the
+ * aligned live bytes per role there (by_role[NG_ROLE_COUNT]; they sum to lower_bound_bytes).
+ * Returns the op index (-1 for a graph with no planned tensor). Needs ng_graph_plan first. */
+int ng_graph_peak(const struct ng_graph *g, size_t *by_role);
+
+/* An impossible plan: NG_OK when total_bytes fits in gpu_bytes, else NG_ERR_INPUT with both
+ * numbers in the message and a hint naming recompute, the chunked classifier and a smaller
+ * batch. */
+enum ng_status ng_plan_check_fit(size_t total_bytes, size_t gpu_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,8 +13,6 @@
 	}
 
 NOT_YET(ng_cmd_train, "train")
-NOT_YET(ng_cmd_plan, "plan")
-NOT_YET(ng_cmd_dump, "dump")
 NOT_YET(ng_cmd_prepare, "prepare")
 NOT_YET(ng_cmd_sample, "sample")
 NOT_YET(ng_cmd_eval, "eval")

@@ -1,0 +1,309 @@
+/*
+ * src/cmd_plan.c — `nanograph plan` (the memory plan of a step, no GPU needed) and
+ * `nanograph dump` (the step as Graphviz DOT and the arena as SVG). Both build the step with
+ * graph/step.c from the [model] [batch] flags and the plan options, so what they show is what
+ * the executor will allocate.
+ *
+ * plan prints parameters, gradients, optimizer state, activations and workspaces (live at the
+ * peak op), the arena, its lower bound and the total, and the ten largest planned tensors;
+ * --json prints one object with DESIGN.md's fields. --gpu-mem GIB fails, with the numbers and a
+ * hint, when the total does not fit (exit 2).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/dump.h"
+#include "graph/step.h"
+#include "src/cli.h"
+#include "src/commands.h"
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Flags shared by plan and dump (besides [model] [batch]). */
+struct plan_args {
+	const char *recompute; /* "gelu,layernorm", "gelu", "layernorm", "none" */
+	long long head_chunk;  /* rows per classifier chunk, 0 = whole */
+	bool no_fuse_gelu;     /* GELU as its own kernel */
+	bool deterministic;    /* deterministic reductions */
+	long long align;       /* arena alignment, bytes */
+	const char *step;      /* "train", "eval", "sample" */
+};
+
+#define PLAN_NFLAGS 6
+
+static void plan_flags(struct plan_args *a, struct ng_flag *f)
+{
+	memset(a, 0, sizeof(*a));
+	a->recompute = "none";
+	a->align = 256;
+	a->step = "train";
+	struct ng_flag t[PLAN_NFLAGS] = {
+		{ "--recompute", NG_FLAG_STRING, &a->recompute, 0, 0, "WHAT",
+		  "recompute in the backward: gelu,layernorm | gelu | layernorm | none", false },
+		{ "--head-chunk", NG_FLAG_INT, &a->head_chunk, 0, 1 << 30, "ROWS",
+		  "classifier rows per chunk (0 = all B*T rows at once)", false },
+		{ "--no-fuse-gelu", NG_FLAG_BOOL, &a->no_fuse_gelu, 0, 0, NULL,
+		  "GELU as its own kernel instead of the FC matmul epilogue", false },
+		{ "--deterministic", NG_FLAG_BOOL, &a->deterministic, 0, 0, NULL,
+		  "deterministic reductions (bigger workspaces)", false },
+		{ "--align", NG_FLAG_INT, &a->align, 1, 1 << 20, "BYTES",
+		  "arena alignment, a power of two", false },
+		{ "--step", NG_FLAG_STRING, &a->step, 0, 0, "KIND",
+		  "which step to plan: train | eval | sample", false },
+	};
+	memcpy(f, t, sizeof(t));
+}
+
+/* Parse --recompute's comma list into the options. */
+static enum ng_status parse_recompute(const char *s, struct ng_step_options *o)
+{
+	o->recompute_gelu = o->recompute_layernorm = 0;
+	if (strcmp(s, "none") == 0)
+		return NG_OK;
+	char buf[64];
+	if (strlen(s) >= sizeof(buf))
+		return ng_fail(NG_ERR_INPUT, "--recompute '%.20s...' is too long", s);
+	strcpy(buf, s);
+	for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+		if (strcmp(w, "gelu") == 0) {
+			o->recompute_gelu = 1;
+		} else if (strcmp(w, "layernorm") == 0) {
+			o->recompute_layernorm = 1;
+		} else {
+			ng_fail(NG_ERR_INPUT, "--recompute: unknown item '%s'", w);
+			ng_hint("use --recompute gelu,layernorm, gelu, layernorm or none");
+			return NG_ERR_INPUT;
+		}
+	}
+	return NG_OK;
+}
+
+/* Resolve the flags and build the planned step into g. */
+static enum ng_status build(const struct ng_model_args *ma, const struct plan_args *pa,
+			    struct ng_shape *shape, struct ng_graph *g)
+{
+	enum ng_status st = ng_cli_resolve_shape(ma, shape);
+	if (st)
+		return st;
+	struct ng_step_options o;
+	ng_step_default_options(&o);
+	if ((st = parse_recompute(pa->recompute, &o)))
+		return st;
+	o.head_chunk_rows = (int)pa->head_chunk;
+	o.fuse_gelu = !pa->no_fuse_gelu;
+	o.deterministic = pa->deterministic;
+	o.align = (size_t)pa->align;
+	if (pa->align & (pa->align - 1))
+		return ng_fail(NG_ERR_INPUT, "--align %lld is not a power of two", pa->align);
+	if (strcmp(pa->step, "train") == 0)
+		return ng_step_build_train(g, &shape->model, shape->B, shape->T, shape->K, &o);
+	if (strcmp(pa->step, "eval") == 0)
+		return ng_step_build_eval(g, &shape->model, shape->B, shape->T, shape->K, &o);
+	if (strcmp(pa->step, "sample") == 0)
+		return ng_step_build_sample(g, &shape->model, shape->B, shape->T, &o);
+	ng_fail(NG_ERR_INPUT, "--step '%s' is not train, eval or sample", pa->step);
+	ng_hint("use --step train (the default), eval or sample");
+	return NG_ERR_INPUT;
+}
+
+/* The numbers plan reports. */
+struct plan_summary {
+	size_t params, grads, optimizer, metrics;  /* persistent, by role (params: fp32 + bf16) */
+	size_t activations, workspace, inputs;     /* live at the peak op, aligned */
+	size_t activations_unshared;               /* every activation summed, as if no reuse */
+	int peak_op;
+};
+
+static void summarize(const struct ng_graph *g, struct plan_summary *s)
+{
+	size_t by_role[NG_ROLE_COUNT];
+	memset(s, 0, sizeof(*s));
+	s->peak_op = ng_graph_peak(g, by_role);
+	s->activations = by_role[NG_ROLE_ACTIVATION];
+	s->workspace = by_role[NG_ROLE_SCRATCH];
+	s->inputs = by_role[NG_ROLE_INPUT] + by_role[NG_ROLE_METRIC];
+	s->params = ng_graph_role_bytes(g, NG_ROLE_PARAM) + ng_graph_role_bytes(g,
+										  NG_ROLE_PARAM_BF16);
+	s->grads = ng_graph_role_bytes(g, NG_ROLE_GRAD);
+	s->optimizer = ng_graph_role_bytes(g, NG_ROLE_OPT_STATE);
+	for (int i = 0; i < g->n_tensors; i++) {
+		const struct ng_tensor *t = &g->tensors[i];
+		if (t->persistent && t->role == NG_ROLE_METRIC)
+			s->metrics += t->bytes;
+		if (t->role == NG_ROLE_ACTIVATION)
+			s->activations_unshared += t->bytes;
+	}
+}
+
+/* Indices of the (up to) ten largest planned tensors, largest first. */
+static int largest(const struct ng_graph *g, int *top)
+{
+	int n = 0;
+	for (int i = 0; i < g->n_tensors; i++) {
+		const struct ng_tensor *t = &g->tensors[i];
+		if (t->persistent || t->first_op < 0)
+			continue;
+		int k;
+		if (n < 10) {
+			k = n++;
+		} else if (g->tensors[top[9]].bytes >= t->bytes) {
+			continue;
+		} else {
+			k = 9;
+		}
+		while (k > 0 && g->tensors[top[k - 1]].bytes < t->bytes) {
+			top[k] = top[k - 1];
+			k--;
+		}
+		top[k] = i;
+	}
+	return n;
+}
+
+static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
+		       const struct plan_args *pa, const struct plan_summary *s)
+{
+	const struct ng_gpt_config *c = &g->cfg;
+	printf("%s step: L=%d H=%d C=%d T=%d V=%d (Vp %d), %zu parameters\n", pa->step, c->L, c->H,
+	       c->C, c->T, c->V, c->Vp, g->lay.n_params);
+	printf("batch: B=%d T=%d K=%d (%lld tokens per step)\n", sh->B, sh->T, sh->K,
+	       (long long)sh->B * sh->T * sh->K);
+	printf("options: recompute %s, classifier chunk %d rows%s, GELU %s, align %zu B\n\n",
+	       pa->recompute, g->head_chunk_rows, g->head_chunk_rows == g->B * g->T ? " (whole)" : "",
+	       g->fuse_gelu ? "fused" : "separate", g->align);
+	printf("  %-34s %10.1f MiB\n", "parameters (fp32 + bf16 copy)", s->params / MIB);
+	printf("  %-34s %10.1f MiB\n", "gradients (fp32)", s->grads / MIB);
+	printf("  %-34s %10.1f MiB\n", "optimizer state (AdamW m, v)", s->optimizer / MIB);
+	printf("  %-34s %10.1f MiB\n", "activations (live at the peak)", s->activations / MIB);
+	printf("  %-34s %10.1f MiB\n", "workspaces (live at the peak)", s->workspace / MIB);
+	printf("  %-34s %10.1f MiB   (every activation, no reuse: %.1f MiB)\n",
+	       "arena (planned region)", g->arena_bytes / MIB, s->activations_unshared / MIB);
+	printf("  %-34s %10.1f MiB   (arena / bound = %.4f, peak at op %d: %s)\n", "lower bound",
+	       g->lower_bound_bytes / MIB,
+	       g->lower_bound_bytes ? (double)g->arena_bytes / (double)g->lower_bound_bytes : 1.0,
+	       s->peak_op, s->peak_op >= 0 ? g->ops[s->peak_op].name : "-");
+	printf("  %-34s %10.1f MiB = %.2f GiB\n\n", "total device memory (one arena)",
+	       g->total_bytes / MIB, g->total_bytes / GIB);
+	int top[10], n = largest(g, top);
+	printf("ten largest planned tensors:\n");
+	for (int k = 0; k < n; k++) {
+		const struct ng_tensor *t = &g->tensors[top[k]];
+		char shp[96];
+		ng_dump_format_tensor(t, shp, sizeof(shp));
+		printf("  %-28s %-24s %-10s %10.1f MiB  ops %d..%d\n", t->name, shp,
+		       ng_role_name(t->role), t->bytes / MIB, t->first_op, t->last_op);
+	}
+}
+
+static void print_json(const struct ng_graph *g, const struct ng_shape *sh,
+		       const struct plan_args *pa, const struct plan_summary *s)
+{
+	printf("{\"step\":\"%s\",\"layers\":%d,\"heads\":%d,\"channels\":%d,\"seq_len\":%d,"
+	       "\"vocab\":%d,\"padded_vocab\":%d,\"batch\":%d,\"micro_batches\":%d,"
+	       "\"n_params\":%zu,\"recompute_gelu\":%d,\"recompute_layernorm\":%d,"
+	       "\"head_chunk_rows\":%d,\"fuse_gelu\":%d,\"align\":%zu,", pa->step, g->cfg.L,
+	       g->cfg.H, g->cfg.C, sh->T, g->cfg.V, g->cfg.Vp, sh->B, sh->K, g->lay.n_params,
+	       g->recompute_gelu, g->recompute_layernorm, g->head_chunk_rows, g->fuse_gelu,
+	       g->align);
+	printf("\"arena_bytes\":%zu,\"lower_bound_bytes\":%zu,\"params_bytes\":%zu,"
+	       "\"grads_bytes\":%zu,\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,"
+	       "\"workspace_bytes\":%zu,\"persistent_bytes\":%zu,\"total_bytes\":%zu,"
+	       "\"activations_unshared_bytes\":%zu,\"peak_op\":%d,\"n_ops\":%d,\"n_tensors\":%d,",
+	       g->arena_bytes, g->lower_bound_bytes, s->params, s->grads, s->optimizer,
+	       s->activations, s->workspace, g->persistent_bytes, g->total_bytes,
+	       s->activations_unshared, s->peak_op, g->n_ops, g->n_tensors);
+	int top[10], n = largest(g, top);
+	printf("\"largest\":[");
+	for (int k = 0; k < n; k++) {
+		const struct ng_tensor *t = &g->tensors[top[k]];
+		printf("%s{\"name\":\"%s\",\"dtype\":\"%s\",\"shape\":[", k ? "," : "", t->name,
+		       ng_dtype_name(t->dtype));
+		for (int d = 0; d < t->ndim; d++)
+			printf("%s%zu", d ? "," : "", t->shape[d]);
+		printf("],\"role\":\"%s\",\"bytes\":%zu,\"offset\":%zu,\"first_op\":%d,"
+		       "\"last_op\":%d}", ng_role_name(t->role), t->bytes, t->offset, t->first_op,
+		       t->last_op);
+	}
+	printf("]}\n");
+}
+
+enum ng_status ng_cmd_plan(int argc, char **argv)
+{
+	struct ng_model_args ma;
+	struct plan_args pa;
+	bool json = false;
+	double gpu_gib = 0;
+	struct ng_flag flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 2];
+	ng_cli_model_flags(&ma, flags, "d12", 64);
+	plan_flags(&pa, flags + NG_MODEL_NFLAGS);
+	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS] = (struct ng_flag){
+		"--json", NG_FLAG_BOOL, &json, 0, 0, NULL, "print one JSON object", false };
+	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 1] = (struct ng_flag){
+		"--gpu-mem", NG_FLAG_DOUBLE, &gpu_gib, 0, 1e6, "GIB",
+		"fail when the plan needs more than this much device memory", false };
+	struct ng_command_spec spec = { "plan", "print the memory plan of a step (no GPU needed)",
+					"[model] [batch] [--json] [--gpu-mem GIB] [options]", flags,
+					(int)(sizeof(flags) / sizeof(flags[0])), 0 };
+	char *pos[1];
+	int npos;
+	bool help;
+	enum ng_status st = ng_cli_parse(&spec, argc, argv, pos, &npos, &help);
+	if (st || help)
+		return st;
+	struct ng_shape shape;
+	struct ng_graph g;
+	ng_graph_init(&g);
+	if ((st = build(&ma, &pa, &shape, &g)))
+		return st;
+	struct plan_summary s;
+	summarize(&g, &s);
+	if (json)
+		print_json(&g, &shape, &pa, &s);
+	else
+		print_text(&g, &shape, &pa, &s);
+	if (ng_cli_seen(&spec, "--gpu-mem"))
+		st = ng_plan_check_fit(g.total_bytes, (size_t)(gpu_gib * GIB));
+	ng_graph_free(&g);
+	return st;
+}
+
+enum ng_status ng_cmd_dump(int argc, char **argv)
+{
+	struct ng_model_args ma;
+	struct plan_args pa;
+	const char *out = NULL;
+	struct ng_flag flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 1];
+	ng_cli_model_flags(&ma, flags, "d12", 64);
+	plan_flags(&pa, flags + NG_MODEL_NFLAGS);
+	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS] = (struct ng_flag){
+		"--out", NG_FLAG_STRING, &out, 0, 0, "DIR",
+		"folder for step.dot and arena.svg (created if missing)", false };
+	struct ng_command_spec spec = { "dump", "write the step as Graphviz DOT and the arena as SVG",
+					"[model] [batch] --out DIR [options]", flags,
+					(int)(sizeof(flags) / sizeof(flags[0])), 0 };
+	char *pos[1];
+	int npos;
+	bool help;
+	enum ng_status st = ng_cli_parse(&spec, argc, argv, pos, &npos, &help);
+	if (st || help)
+		return st;
+	if (!out) {
+		ng_fail(NG_ERR_INPUT, "dump: --out DIR is required");
+		ng_hint("nanograph dump --model tiny --batch 2 --out dump/");
+		return NG_ERR_INPUT;
+	}
+	struct ng_shape shape;
+	struct ng_graph g;
+	ng_graph_init(&g);
+	if ((st = build(&ma, &pa, &shape, &g)))
+		return st;
+	st = ng_dump_write_all(&g, out);
+	if (!st)
+		fprintf(stderr, "dump: wrote %s/step.dot (%d ops, %d tensors) and %s/arena.svg "
+			"(arena %.1f MiB, lower bound %.1f MiB)\n", out, g.n_ops, g.n_tensors, out,
+			g.arena_bytes / MIB, g.lower_bound_bytes / MIB);
+	ng_graph_free(&g);
+	return st;
+}
