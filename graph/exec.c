@@ -1,0 +1,607 @@
+/*
+ * graph/exec.c — the GPU executor (see exec.h): one arena, planned kernels, one captured graph.
+ * run_op() is the only place that maps an IR op to kernel launches; the same function runs the
+ * nodes eagerly (--no-graph, and the warm-up) and inside stream capture, so graph and eager
+ * execution cannot drift apart.
+ */
+#include "graph/exec.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/check.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
+#include "kernels/layernorm.h"
+#include "kernels/loss.h"
+#include "kernels/optim.h"
+
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+/* Device address of tensor t of graph g. */
+static void *tp(const struct ng_exec *e, const struct ng_graph *g, int t)
+{
+	return e->arena + g->tensors[t].offset;
+}
+
+/* Device address of parameter `id` (layer `layer`) inside the flat buffer tensor `base`. */
+static void *pp(const struct ng_exec *e, const struct ng_graph *g, int base, int id, int layer)
+{
+	const struct ng_param_spec *p = &g->lay.p[id];
+	size_t el = ng_dtype_size(g->tensors[base].dtype);
+	size_t off = p->offset + (p->per_layer && layer > 0 ? (size_t)layer * (p->numel / p->shape[0])
+							    : 0);
+	return (char *)tp(e, g, base) + off * el;
+}
+
+/* (IC, OC) of a linear layer. */
+static void linear_dims(const struct ng_gpt_config *m, enum ng_op_which w, int *ic, int *oc)
+{
+	int C = m->C;
+	switch (w) {
+	case NG_OP_WHICH_QKV: *ic = C; *oc = 3 * C; break;
+	case NG_OP_WHICH_ATTPROJ: *ic = C; *oc = C; break;
+	case NG_OP_WHICH_FC: *ic = C; *oc = 4 * C; break;
+	case NG_OP_WHICH_FCPROJ: *ic = 4 * C; *oc = C; break;
+	default: *ic = C; *oc = m->Vp; break; /* HEAD */
+	}
+}
+
+static bool is_matmul(enum ng_op_kind k)
+{
+	return k == NG_OP_MATMUL_FWD || k == NG_OP_MATMUL_DINP || k == NG_OP_MATMUL_DW;
+}
+
+static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op *op)
+{
+	struct ng_matmul_spec s = { 0 };
+	linear_dims(&e->cfg.model, op->which, &s.IC, &s.OC);
+	s.N = op->row_count;
+	s.gelu = op->gelu;
+	s.autotune = e->cfg.autotune;
+	if (op->kind == NG_OP_MATMUL_FWD) {
+		s.kind = NG_MATMUL_FWD;
+		s.bias = op->param[1] >= 0;
+	} else if (op->kind == NG_OP_MATMUL_DINP) {
+		s.kind = NG_MATMUL_DINP;
+	} else {
+		s.kind = NG_MATMUL_DW;
+		s.gelu = 0;
+		s.bias = op->param[1] >= 0;
+		s.accumulate = 1;
+	}
+	return s;
+}
+
+/* Find or make the plan of this op's shape. */
+static enum ng_status plan_matmul(struct ng_exec *e, const struct ng_op *op, int *idx)
+{
+	struct ng_matmul_spec s = op_spec(e, op);
+	for (int i = 0; i < e->n_plans; i++) {
+		if (memcmp(&e->plans[i].spec, &s, sizeof(s)) == 0) {
+			*idx = i;
+			return NG_OK;
+		}
+	}
+	if (e->n_plans == NG_EXEC_MAX_PLANS)
+		return ng_fail(NG_ERR_RUNTIME, "more than %d distinct matmul shapes",
+			       NG_EXEC_MAX_PLANS);
+	struct ng_exec_matmul *p = &e->plans[e->n_plans];
+	memset(p, 0, sizeof(*p));
+	p->spec = s;
+	enum ng_status st = ng_matmul_plan(&p->mm, &e->mmctx, &s);
+	if (st)
+		return st;
+	*idx = e->n_plans++;
+	return NG_OK;
+}
+
+/* The bytes op's scratch tensor must have, from the real plans. */
+static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, const struct ng_op *op,
+			   int plan)
+{
+	const struct ng_gpt_config *m = &e->cfg.model;
+	int N = g->B * g->T;
+	switch (op->kind) {
+	case NG_OP_MATMUL_FWD: case NG_OP_MATMUL_DINP: case NG_OP_MATMUL_DW:
+		return e->plans[plan].mm.workspace_need;
+	case NG_OP_ATTENTION_FWD:
+		return ng_attention_fwd_workspace(&e->att);
+	case NG_OP_ATTENTION_BWD:
+		return ng_attention_bwd_workspace(&e->att);
+	case NG_OP_LAYERNORM_BWD:
+		return ng_layernorm_bwd_scratch_bytes(N, m->C);
+	case NG_OP_ENCODER_BWD:
+		return ng_encoder_bwd_scratch_bytes(g->B, g->T, m->C);
+	case NG_OP_GRAD_NORM:
+		return ng_grad_norm_scratch_bytes(g->lay.total);
+	case NG_OP_LOSS_ACCUMULATE:
+		return 64 * 1024; /* partial sums; the kernel checks its own need */
+	default:
+		return 0;
+	}
+}
+
+/* Plan every matmul of g, raise scratch tensors to the real needs, re-plan the arena. */
+static enum ng_status plan_graph(struct ng_exec *e, struct ng_graph *g, int **plan_of_op)
+{
+	int *pl = malloc(sizeof(int) * (size_t)g->n_ops);
+	if (!pl)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	*plan_of_op = pl;
+	bool raised = false;
+	for (int i = 0; i < g->n_ops; i++) {
+		const struct ng_op *op = &g->ops[i];
+		pl[i] = -1;
+		if (is_matmul(op->kind)) {
+			enum ng_status st = plan_matmul(e, op, &pl[i]);
+			if (st)
+				return st;
+		}
+		size_t need = scratch_need(e, g, op, pl[i]);
+		if (need == 0)
+			continue;
+		if (op->scratch < 0)
+			return ng_fail(NG_ERR_RUNTIME, "op %s needs %zu bytes of workspace but the "
+				       "step builder gave it none", op->name, need);
+		struct ng_tensor *t = &g->tensors[op->scratch];
+		if (t->bytes < need) {
+			t->bytes = need;
+			raised = true;
+		}
+	}
+	if (raised)
+		return ng_graph_plan(g, g->align);
+	return NG_OK;
+}
+
+/* Enqueue one op on e->stream. */
+static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const struct ng_op *op,
+			     int plan)
+{
+	const struct ng_gpt_config *m = &e->cfg.model;
+	cudaStream_t s = e->stream;
+	int B = g->B, T = g->T, C = m->C, N = B * T;
+	void *scratch = op->scratch >= 0 ? tp(e, g, op->scratch) : NULL;
+	ng_check_set_node(op->name);
+	switch (op->kind) {
+	case NG_OP_TOKENS_H2D: {
+		const struct ng_tensor *t = &g->tensors[op->out[0]];
+		const uint16_t *src = g->kind == NG_GRAPH_EVAL ? e->h_eval_tokens : e->h_tokens;
+		if (NG_CUDA_CHECK(cudaMemcpyAsync(tp(e, g, op->out[0]), src, t->bytes,
+						  cudaMemcpyHostToDevice, s)))
+			return NG_ERR_RUNTIME;
+		if (g->kind == NG_GRAPH_TRAIN && NG_CUDA_CHECK(cudaEventRecord(e->h2d_done, s)))
+			return NG_ERR_RUNTIME;
+		return NG_OK;
+	}
+	case NG_OP_TOKENS_SPLIT: {
+		const uint16_t *w = (const uint16_t *)tp(e, g, op->in[0]) +
+				    (size_t)op->micro * B * (T + 1);
+		return ng_tokens_split(tp(e, g, op->out[0]), tp(e, g, op->out[1]), w, B, T, s);
+	}
+	case NG_OP_ZERO:
+		return NG_CUDA_CHECK(cudaMemsetAsync(tp(e, g, op->out[0]), 0,
+						     g->tensors[op->out[0]].bytes, s));
+	case NG_OP_ENCODER_FWD:
+		return ng_encoder_fwd(tp(e, g, op->out[0]), tp(e, g, op->in[0]),
+				      pp(e, g, op->in[1], NG_P_WTE, -1),
+				      pp(e, g, op->in[1], NG_P_WPE, -1), B, T, C, s);
+	case NG_OP_LAYERNORM_FWD: {
+		int pb = op->in[1];
+		return ng_layernorm_fwd(tp(e, g, op->out[0]),
+					op->recompute ? NULL : tp(e, g, op->out[1]),
+					op->recompute ? NULL : tp(e, g, op->out[2]), tp(e, g, op->in[0]),
+					pp(e, g, pb, op->param[0], op->layer),
+					pp(e, g, pb, op->param[1], op->layer), N, C, s);
+	}
+	case NG_OP_RESIDUAL_LAYERNORM_FWD: {
+		int pb = op->in[2];
+		return ng_residual_layernorm_fwd(tp(e, g, op->out[0]), tp(e, g, op->out[1]),
+						 tp(e, g, op->out[2]), tp(e, g, op->out[3]),
+						 tp(e, g, op->in[0]), tp(e, g, op->in[1]),
+						 pp(e, g, pb, op->param[0], op->layer),
+						 pp(e, g, pb, op->param[1], op->layer), N, C, s);
+	}
+	case NG_OP_MATMUL_FWD: {
+		const struct ng_matmul *mm = &e->plans[plan].mm;
+		int ic = mm->spec.IC;
+		const ng_bf16 *inp = (const ng_bf16 *)tp(e, g, op->in[0]) + (size_t)op->row_start * ic;
+		int pb = op->in[1];
+		return ng_matmul_run(mm, tp(e, g, op->out[0]), inp,
+				     pp(e, g, pb, op->param[0], op->layer),
+				     op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,
+				     op->gelu ? tp(e, g, op->out[1]) : NULL, NULL, scratch, s);
+	}
+	case NG_OP_GELU_FWD:
+		return ng_gelu_fwd(tp(e, g, op->out[0]), tp(e, g, op->in[0]),
+				   g->tensors[op->in[0]].bytes / 2, s);
+	case NG_OP_ATTENTION_FWD:
+		return ng_attention_fwd(&e->att, tp(e, g, op->out[0]), tp(e, g, op->out[1]),
+					tp(e, g, op->in[0]), scratch, s);
+	case NG_OP_CROSSENTROPY: {
+		const int32_t *tg = (const int32_t *)tp(e, g, op->in[1]) + op->row_start;
+		float *losses = (float *)tp(e, g, op->out[op->no_grad ? 0 : 1]) + op->row_start;
+		if (op->no_grad)
+			return ng_crossentropy_fwd(losses, tp(e, g, op->in[0]), tg, op->row_count,
+						   m->V, m->Vp, s);
+		return ng_crossentropy(losses, tp(e, g, op->in[0]), tg, op->row_count, m->V, m->Vp,
+				       1.0f / ((float)N * g->K), s);
+	}
+	case NG_OP_LOSS_ACCUMULATE: {
+		float *dst = g->kind == NG_GRAPH_TRAIN
+				     ? (float *)((char *)tp(e, g, op->out[0]) +
+						 offsetof(struct ng_step_state, loss_sum))
+				     : (float *)tp(e, g, op->out[0]);
+		return ng_loss_accumulate(dst, tp(e, g, op->in[0]), N, 1.0f / ((float)N * g->K),
+					  scratch, s);
+	}
+	case NG_OP_MATMUL_DINP: {
+		const struct ng_matmul *mm = &e->plans[plan].mm;
+		ng_bf16 *dinp = (ng_bf16 *)tp(e, g, op->out[0]) + (size_t)op->row_start * mm->spec.IC;
+		return ng_matmul_run(mm, dinp, tp(e, g, op->in[0]),
+				     pp(e, g, op->in[1], op->param[0], op->layer), NULL,
+				     op->gelu ? tp(e, g, op->in[2]) : NULL, NULL, scratch, s);
+	}
+	case NG_OP_MATMUL_DW: {
+		const struct ng_matmul *mm = &e->plans[plan].mm;
+		const ng_bf16 *inp = (const ng_bf16 *)tp(e, g, op->in[1]) +
+				     (size_t)op->row_start * mm->spec.IC;
+		int gb = op->out[0];
+		return ng_matmul_run(mm, pp(e, g, gb, op->param[0], op->layer), tp(e, g, op->in[0]),
+				     inp, NULL, NULL,
+				     op->param[1] >= 0 ? pp(e, g, gb, op->param[1], op->layer) : NULL,
+				     scratch, s);
+	}
+	case NG_OP_GELU_BWD:
+		return ng_gelu_bwd(tp(e, g, op->out[0]), tp(e, g, op->in[0]), tp(e, g, op->in[1]),
+				   g->tensors[op->in[0]].bytes / 2, s);
+	case NG_OP_ATTENTION_BWD:
+		return ng_attention_bwd(&e->att, tp(e, g, op->out[0]), tp(e, g, op->in[0]),
+					tp(e, g, op->in[1]), tp(e, g, op->in[2]), tp(e, g, op->in[3]),
+					scratch, s);
+	case NG_OP_LAYERNORM_BWD: {
+		int pb = op->in[2], gb = op->out[1];
+		return ng_layernorm_bwd(tp(e, g, op->out[0]), pp(e, g, gb, op->param[0], op->layer),
+					pp(e, g, gb, op->param[1], op->layer), tp(e, g, op->in[0]),
+					tp(e, g, op->in[1]), pp(e, g, pb, op->param[0], op->layer),
+					tp(e, g, op->in[3]), tp(e, g, op->in[4]), N, C, scratch, s);
+	}
+	case NG_OP_ENCODER_BWD: {
+		int gb = op->out[0];
+		return ng_encoder_bwd(pp(e, g, gb, NG_P_WTE, -1), pp(e, g, gb, NG_P_WPE, -1),
+				      tp(e, g, op->in[0]), tp(e, g, op->in[1]), B, T, C, m->Vp,
+				      scratch, g->tensors[op->scratch].bytes, s);
+	}
+	case NG_OP_GRAD_NORM: {
+		struct ng_step_state *st = tp(e, g, op->out[0]);
+		return ng_grad_norm_squared(&st->grad_norm, tp(e, g, op->in[0]), g->lay.total,
+					    scratch, s);
+	}
+	case NG_OP_SCHEDULE: {
+		struct ng_step_state *st = tp(e, g, op->out[0]);
+		return ng_schedule_update(st, &st->grad_norm, e->cfg.sched, e->cfg.clip, s);
+	}
+	case NG_OP_ADAMW: {
+		const struct ng_step_state *st = tp(e, g, op->in[1]);
+		for (int i = 0; i < NG_P_COUNT; i++) {
+			const struct ng_param_spec *p = &g->lay.p[i];
+			enum ng_status r = ng_adamw(pp(e, g, op->out[0], i, 0),
+						    pp(e, g, op->out[1], i, 0),
+						    pp(e, g, op->in[0], i, 0),
+						    pp(e, g, op->out[2], i, 0),
+						    pp(e, g, op->out[3], i, 0), p->numel,
+						    p->decay ? e->cfg.wd : 0.0f, e->cfg.beta1,
+						    e->cfg.beta2, e->cfg.eps, st, s);
+			if (r)
+				return r;
+		}
+		return NG_OK;
+	}
+	case NG_OP_STEP_FINISH:
+		return ng_step_finish(tp(e, g, op->in[0]), e->d_ring, NG_EXEC_RING, s);
+	default:
+		return ng_fail(NG_ERR_RUNTIME, "op %s (%s) has no GPU implementation", op->name,
+			       ng_op_kind_name(op->kind));
+	}
+}
+
+static enum ng_status run_graph_eager(struct ng_exec *e, const struct ng_graph *g, const int *pl)
+{
+	for (int i = 0; i < g->n_ops; i++) {
+		enum ng_status st = run_op(e, g, &g->ops[i], pl[i]);
+		if (st)
+			return st;
+	}
+	ng_check_set_node(NULL);
+	return NG_OK;
+}
+
+static enum ng_status capture(struct ng_exec *e, const struct ng_graph *g, const int *pl,
+			      cudaGraph_t *graph, cudaGraphExec_t *exec)
+{
+	if (NG_CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeGlobal)))
+		return NG_ERR_RUNTIME;
+	enum ng_status st = run_graph_eager(e, g, pl);
+	cudaGraph_t gr = NULL;
+	cudaError_t ce = cudaStreamEndCapture(e->stream, &gr);
+	if (st) {
+		if (gr)
+			cudaGraphDestroy(gr);
+		return st;
+	}
+	if (NG_CUDA_CHECK(ce))
+		return NG_ERR_RUNTIME;
+	*graph = gr;
+	return NG_CUDA_CHECK(cudaGraphInstantiate(exec, gr, 0));
+}
+
+/* Parameters from the seeded init; bf16 copy; zero grads, moments and the step state. */
+static enum ng_status reset_state(struct ng_exec *e)
+{
+	const struct ng_graph *g = &e->train;
+	size_t n = g->lay.total;
+	float *h = malloc(n * sizeof(float));
+	if (!h)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for %zu parameters", n);
+	ng_gpt_init(&g->cfg, &g->lay, e->cfg.seed, h);
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpy(tp(e, g, g->t_params), h, n * sizeof(float),
+						     cudaMemcpyHostToDevice));
+	free(h);
+	if (!st)
+		st = ng_cast_f32_to_bf16(tp(e, g, g->t_params_bf16), tp(e, g, g->t_params), n,
+					 e->stream);
+	int zero[] = { g->t_grads, g->t_adam_m, g->t_adam_v, g->t_step_state };
+	for (int i = 0; i < 4 && !st; i++)
+		st = NG_CUDA_CHECK(cudaMemsetAsync(tp(e, g, zero[i]), 0, g->tensors[zero[i]].bytes,
+						   e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	return st;
+}
+
+static double peak_for(const char *name)
+{
+	if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") ||
+	    strstr(name, "GH200"))
+		return 989e12;
+	if (strstr(name, "A100") || strstr(name, "A800"))
+		return 312e12;
+	return 0;
+}
+
+enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
+{
+	memset(e, 0, sizeof(*e));
+	e->cfg = *cfg;
+	e->inited = true;
+	ng_graph_init(&e->train);
+	ng_graph_init(&e->eval);
+	struct cudaDeviceProp prop;
+	if (NG_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0)))
+		return NG_ERR_RUNTIME;
+	snprintf(e->device_name, sizeof(e->device_name), "%s", prop.name);
+	e->device_total_bytes = prop.totalGlobalMem;
+	e->peak_flops = peak_for(prop.name);
+
+	struct ng_step_options opt = cfg->step;
+	opt.deterministic = cfg->deterministic;
+	enum ng_status st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
+	if (!st && cfg->eval_batches > 0)
+		st = ng_step_build_eval(&e->eval, &cfg->model, cfg->B, cfg->T, cfg->eval_batches,
+					&opt);
+	if (st)
+		return st;
+
+	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) ||
+	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))
+		return NG_ERR_RUNTIME;
+	st = ng_matmul_ctx_init(&e->mmctx, 32u << 20);
+	if (!st)
+		st = ng_attention_plan(&e->att, e->cudnn, cfg->B, cfg->model.H, cfg->T,
+				       cfg->model.C / cfg->model.H, cfg->deterministic,
+				       cfg->force_naive_attention);
+	if (!st)
+		st = plan_graph(e, &e->train, &e->train_plan);
+	if (!st && cfg->eval_batches > 0)
+		st = plan_graph(e, &e->eval, &e->eval_plan);
+	if (st)
+		return st;
+
+	e->arena_bytes = e->train.total_bytes;
+	if (cfg->eval_batches > 0 && e->eval.total_bytes > e->arena_bytes)
+		e->arena_bytes = e->eval.total_bytes;
+	size_t free_b = 0, total_b = 0;
+	cudaMemGetInfo(&free_b, &total_b);
+	if (e->arena_bytes > free_b) {
+		ng_fail(NG_ERR_INPUT, "the step needs %.2f GiB of device memory but %s has %.2f GiB "
+			"free (of %.2f GiB)", e->arena_bytes / 1073741824.0, e->device_name,
+			free_b / 1073741824.0, total_b / 1073741824.0);
+		ng_hint("use a smaller --batch with --total-batch to keep the tokens per step, or "
+			"see `nanograph plan` for recompute options");
+		return NG_ERR_INPUT;
+	}
+	if (NG_CUDA_CHECK(cudaMalloc((void **)&e->arena, e->arena_bytes)))
+		return NG_ERR_RUNTIME;
+	size_t tok = (size_t)cfg->K * cfg->B * (cfg->T + 1) * sizeof(uint16_t);
+	size_t etok = (size_t)cfg->eval_batches * cfg->B * (cfg->T + 1) * sizeof(uint16_t);
+	if (NG_CUDA_CHECK(cudaHostAlloc((void **)&e->h_tokens, tok, cudaHostAllocDefault)) ||
+	    (etok && NG_CUDA_CHECK(cudaHostAlloc((void **)&e->h_eval_tokens, etok,
+						 cudaHostAllocDefault))) ||
+	    NG_CUDA_CHECK(cudaHostAlloc((void **)&e->ring, sizeof(*e->ring) * NG_EXEC_RING,
+					cudaHostAllocMapped)) ||
+	    NG_CUDA_CHECK(cudaHostGetDevicePointer((void **)&e->d_ring, e->ring, 0)) ||
+	    NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->h2d_done, cudaEventDisableTiming)))
+		return NG_ERR_RUNTIME;
+	for (int i = 0; i < NG_EXEC_RING; i++)
+		if (NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->done[i], cudaEventDisableTiming)))
+			return NG_ERR_RUNTIME;
+	memset(e->h_tokens, 0, tok);
+	memset(e->ring, 0, sizeof(*e->ring) * NG_EXEC_RING);
+
+	/* Warm-up: one eager step (loads modules; errors name their node), then the real init. */
+	st = reset_state(e);
+	if (!st)
+		st = run_graph_eager(e, &e->train, e->train_plan);
+	if (!st && cfg->eval_batches > 0) {
+		memset(e->h_eval_tokens, 0, etok);
+		st = run_graph_eager(e, &e->eval, e->eval_plan);
+	}
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	if (!st)
+		st = reset_state(e);
+	if (!st && !cfg->no_graph)
+		st = capture(e, &e->train, e->train_plan, &e->train_graph, &e->train_exec);
+	if (!st && !cfg->no_graph && cfg->eval_batches > 0)
+		st = capture(e, &e->eval, e->eval_plan, &e->eval_graph, &e->eval_exec);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	memset(e->ring, 0, sizeof(*e->ring) * NG_EXEC_RING);
+	return st;
+}
+
+void ng_exec_free(struct ng_exec *e)
+{
+	if (!e->inited)
+		return;
+	if (e->stream)
+		cudaStreamSynchronize(e->stream);
+	if (e->train_exec)
+		cudaGraphExecDestroy(e->train_exec);
+	if (e->train_graph)
+		cudaGraphDestroy(e->train_graph);
+	if (e->eval_exec)
+		cudaGraphExecDestroy(e->eval_exec);
+	if (e->eval_graph)
+		cudaGraphDestroy(e->eval_graph);
+	for (int i = 0; i < e->n_plans; i++)
+		ng_matmul_free(&e->plans[i].mm);
+	if (e->mmctx.lt)
+		ng_matmul_ctx_free(&e->mmctx);
+	ng_attention_free(&e->att);
+	if (e->cudnn)
+		cudnnDestroy(e->cudnn);
+	for (int i = 0; i < NG_EXEC_RING; i++)
+		if (e->done[i])
+			cudaEventDestroy(e->done[i]);
+	if (e->h2d_done)
+		cudaEventDestroy(e->h2d_done);
+	cudaFreeHost(e->h_tokens);
+	cudaFreeHost(e->h_eval_tokens);
+	cudaFreeHost(e->ring);
+	cudaFree(e->arena);
+	if (e->stream)
+		cudaStreamDestroy(e->stream);
+	free(e->train_plan);
+	free(e->eval_plan);
+	ng_graph_free(&e->train);
+	ng_graph_free(&e->eval);
+	e->inited = false;
+}
+
+enum ng_status ng_exec_input(struct ng_exec *e, uint16_t **tokens)
+{
+	/* The previous step's token copy must have run before the buffer is refilled. */
+	if (NG_CUDA_CHECK(cudaEventSynchronize(e->h2d_done)))
+		return NG_ERR_RUNTIME;
+	*tokens = e->h_tokens;
+	return NG_OK;
+}
+
+enum ng_status ng_exec_submit(struct ng_exec *e)
+{
+	if (e->submitted - e->collected >= NG_EXEC_RING)
+		return ng_fail(NG_ERR_RUNTIME, "metrics ring overrun: %lld steps not collected",
+			       e->submitted - e->collected);
+	enum ng_status st;
+	if (e->cfg.no_graph)
+		st = run_graph_eager(e, &e->train, e->train_plan);
+	else
+		st = NG_CUDA_CHECK(cudaGraphLaunch(e->train_exec, e->stream));
+	if (st)
+		return st;
+	if (NG_CUDA_CHECK(cudaEventRecord(e->done[e->submitted % NG_EXEC_RING], e->stream)))
+		return NG_ERR_RUNTIME;
+	e->submitted++;
+	return NG_OK;
+}
+
+enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, int max, bool wait,
+			       int *n)
+{
+	*n = 0;
+	while (e->collected < e->submitted && *n < max) {
+		cudaEvent_t ev = e->done[e->collected % NG_EXEC_RING];
+		cudaError_t q = wait ? cudaEventSynchronize(ev) : cudaEventQuery(ev);
+		if (q == cudaErrorNotReady)
+			break;
+		if (NG_CUDA_CHECK(q))
+			return NG_ERR_RUNTIME;
+		out[(*n)++] = e->ring[e->collected % NG_EXEC_RING];
+		e->collected++;
+	}
+	return NG_OK;
+}
+
+enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss)
+{
+	if (e->cfg.eval_batches == 0)
+		return ng_fail(NG_ERR_RUNTIME, "no evaluation graph was planned");
+	const struct ng_graph *g = &e->eval;
+	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
+		return NG_ERR_RUNTIME;
+	memcpy(e->h_eval_tokens, tokens,
+	       (size_t)e->cfg.eval_batches * e->cfg.B * (e->cfg.T + 1) * sizeof(uint16_t));
+	enum ng_status st = e->cfg.no_graph ? run_graph_eager(e, g, e->eval_plan)
+					    : NG_CUDA_CHECK(cudaGraphLaunch(e->eval_exec, e->stream));
+	float l = 0;
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(&l, tp(e, g, g->t_eval_loss), sizeof(float),
+						   cudaMemcpyDeviceToHost, e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	*loss = l;
+	return st;
+}
+
+enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host)
+{
+	const struct ng_graph *g = &e->train;
+	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
+		return NG_ERR_RUNTIME;
+	return NG_CUDA_CHECK(cudaMemcpy(host, tp(e, g, tensor), g->tensors[tensor].bytes,
+					cudaMemcpyDeviceToHost));
+}
+
+enum ng_status ng_exec_dump_cuda_graph(struct ng_exec *e, const char *path, char *text, size_t n)
+{
+	if (!e->train_graph)
+		return ng_fail(NG_ERR_RUNTIME, "no captured graph (--no-graph?)");
+	if (NG_CUDA_CHECK(cudaGraphDebugDotPrint(e->train_graph, path,
+						 cudaGraphDebugDotFlagsVerbose)))
+		return NG_ERR_RUNTIME;
+	size_t count = 0;
+	if (NG_CUDA_CHECK(cudaGraphGetNodes(e->train_graph, NULL, &count)))
+		return NG_ERR_RUNTIME;
+	cudaGraphNode_t *nodes = malloc(sizeof(*nodes) * (count ? count : 1));
+	if (!nodes)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	cudaGraphGetNodes(e->train_graph, nodes, &count);
+	size_t by[16] = { 0 };
+	for (size_t i = 0; i < count; i++) {
+		enum cudaGraphNodeType t;
+		cudaGraphNodeGetType(nodes[i], &t);
+		by[(unsigned)t < 16 ? (unsigned)t : 15]++;
+	}
+	free(nodes);
+	snprintf(text, n, "%zu nodes: %zu kernel, %zu memcpy, %zu memset, %zu event record, "
+		 "%zu other", count, by[cudaGraphNodeTypeKernel], by[cudaGraphNodeTypeMemcpy],
+		 by[cudaGraphNodeTypeMemset], by[cudaGraphNodeTypeEventRecord],
+		 count - by[cudaGraphNodeTypeKernel] - by[cudaGraphNodeTypeMemcpy] -
+			 by[cudaGraphNodeTypeMemset] - by[cudaGraphNodeTypeEventRecord]);
+	return NG_OK;
+}

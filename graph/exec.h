@@ -1,0 +1,105 @@
+/*
+ * graph/exec.h — the GPU executor: from the planned step IR (graph/step.h) to ONE device arena,
+ * planned matmuls and attention, and a captured CUDA Graph replayed every step.
+ *
+ * Plan (ng_exec_init): build the train and eval graphs, size every workspace from the real
+ * cuBLASLt / cuDNN plans and re-plan, one cudaMalloc for the arena, initialise the parameters
+ * (graph/gpt.h init, identical to the CPU reference's), run the step once eagerly (loads every
+ * module, surfaces errors with the node's name), restore the initial state, then capture the
+ * step with cudaStreamCaptureModeGlobal so a forbidden call (sync, malloc) fails loudly.
+ * Replay (ng_exec_submit): one cudaGraphLaunch per step, no host synchronisation; the tokens
+ * come from a fixed pinned buffer that the graph's first node copies; metrics come back through
+ * a host-mapped ring written by the last node, read a step late (ng_exec_collect).
+ */
+#ifndef NG_GRAPH_EXEC_H
+#define NG_GRAPH_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "graph/ir.h"
+#include "graph/step.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/types.h"
+
+#define NG_EXEC_RING 16       /* metrics records in flight, at most */
+#define NG_EXEC_MAX_PLANS 64  /* distinct matmul shapes of one model */
+
+struct ng_exec_config {
+	struct ng_gpt_config model;    /* checked configuration */
+	int B, T, K;                   /* micro-batch, sequence length, micro-batches per step */
+	int eval_batches;              /* batches per evaluation graph replay (0: no eval graph) */
+	struct ng_step_options step;   /* recompute, classifier chunks, fused GELU */
+	struct ng_schedule sched;      /* learning-rate schedule */
+	float clip, wd, beta1, beta2, eps;
+	uint64_t seed;                 /* parameter init */
+	int deterministic;             /* bitwise-reproducible attention backward */
+	int no_graph;                  /* launch the nodes eagerly every step */
+	int force_naive_attention;     /* plain CUDA attention instead of cuDNN */
+	int autotune;                  /* time cuBLASLt candidates at plan time */
+};
+
+struct ng_exec_matmul {
+	struct ng_matmul_spec spec;    /* the key */
+	struct ng_matmul mm;           /* its plan, shared by every op of that shape */
+};
+
+struct ng_exec {
+	struct ng_exec_config cfg;
+	struct ng_graph train;         /* the training step */
+	struct ng_graph eval;          /* the evaluation step (kind EVAL), when eval_batches > 0 */
+	char *arena;                   /* the one device allocation */
+	size_t arena_bytes;
+	cudaStream_t stream;
+	cudnnHandle_t cudnn;
+	struct ng_matmul_ctx mmctx;
+	struct ng_attention att;       /* one plan: every layer has the same shape */
+	struct ng_exec_matmul plans[NG_EXEC_MAX_PLANS];
+	int n_plans;
+	int *train_plan;               /* per train op: index into plans, or -1 */
+	int *eval_plan;                /* per eval op */
+	uint16_t *h_tokens;            /* pinned (K, B, T+1): the next step's tokens */
+	uint16_t *h_eval_tokens;       /* pinned (eval_batches, B, T+1) */
+	struct ng_metrics_record *ring;   /* host-mapped pinned ring, NG_EXEC_RING records */
+	struct ng_metrics_record *d_ring; /* its device address */
+	cudaEvent_t h2d_done;          /* recorded inside the step right after the token copy */
+	cudaEvent_t done[NG_EXEC_RING];/* recorded after each submitted step */
+	cudaGraph_t train_graph;       /* the captured step (kept for the DOT dump) */
+	cudaGraphExec_t train_exec;
+	cudaGraph_t eval_graph;
+	cudaGraphExec_t eval_exec;
+	long long submitted;           /* steps launched */
+	long long collected;           /* steps whose metrics were read */
+	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
+	char device_name[256];
+	size_t device_total_bytes;     /* the GPU's memory */
+	bool inited;
+};
+
+/* Plan, allocate, initialise and capture. NG_ERR_INPUT when the plan does not fit the GPU (with
+ * the numbers and a hint), NG_ERR_RUNTIME for CUDA/library failures. */
+enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg);
+void ng_exec_free(struct ng_exec *e);
+
+/* The pinned buffer for the next step's K*B*(T+1) tokens; waits only until the previous step's
+ * copy of it has run on the device. */
+enum ng_status ng_exec_input(struct ng_exec *e, uint16_t **tokens);
+/* Launch one step (graph replay, or the nodes eagerly with no_graph). */
+enum ng_status ng_exec_submit(struct ng_exec *e);
+/* Metrics of completed steps, oldest first (at most max); wait: until all submitted completed. */
+enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, int max, bool wait,
+			       int *n);
+/* Mean loss over eval_batches batches of B*(T+1) tokens (synchronous). */
+enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss);
+
+/* Copy a persistent flat buffer to the host: which = t_params (float), t_grads (float),
+ * t_params_bf16 (uint16) ... any tensor index of the train graph (synchronous; not in a step). */
+enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host);
+/* Write cuda_graph.dot of the captured step to `path` and count its nodes by type into `text`. */
+enum ng_status ng_exec_dump_cuda_graph(struct ng_exec *e, const char *path, char *text, size_t n);
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * src/backend_cuda.c — the training backend on the GPU: graph/exec.c's planned, captured step
+ * behind the loop's backend table. Prints the plan's memory and the attention backend at start.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/exec.h"
+#include "kernels/check.h"
+#include "src/train.h"
+
+static enum ng_status cu_input(void *ctx, uint16_t **buf) { return ng_exec_input(ctx, buf); }
+static enum ng_status cu_submit(void *ctx) { return ng_exec_submit(ctx); }
+
+static enum ng_status cu_collect(void *ctx, struct ng_step_result *out, int max, bool wait, int *n)
+{
+	struct ng_metrics_record rec[NG_EXEC_RING];
+	if (max > NG_EXEC_RING)
+		max = NG_EXEC_RING;
+	enum ng_status st = ng_exec_collect(ctx, rec, max, wait, n);
+	for (int i = 0; i < *n; i++)
+		out[i] = (struct ng_step_result){ rec[i].step, rec[i].loss, rec[i].grad_norm,
+						  rec[i].lr, rec[i].skipped != 0 };
+	return st;
+}
+
+static enum ng_status cu_evaluate(void *ctx, const uint16_t *tokens, int n, double *loss)
+{
+	struct ng_exec *e = ctx;
+	if (n != e->cfg.eval_batches)
+		return ng_fail(NG_ERR_RUNTIME, "evaluation planned for %d batches, asked for %d",
+			       e->cfg.eval_batches, n);
+	return ng_exec_evaluate(e, tokens, loss);
+}
+
+static void cu_free(void *ctx)
+{
+	ng_exec_free(ctx);
+	free(ctx);
+}
+
+void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_opts *o)
+{
+	memset(c, 0, sizeof(*c));
+	c->model = o->shape.model;
+	c->B = o->shape.B;
+	c->T = o->shape.T;
+	c->K = o->shape.K;
+	c->eval_batches = (int)o->val_batches;
+	ng_step_default_options(&c->step);
+	c->sched = (struct ng_schedule){ (float)o->lr, (float)o->lr_final_frac, (int)o->warmup,
+					 (int)o->steps, strcmp(o->schedule, "cosine") == 0 };
+	c->clip = (float)o->clip;
+	c->wd = (float)o->weight_decay;
+	c->beta1 = (float)o->beta1;
+	c->beta2 = (float)o->beta2;
+	c->eps = (float)o->eps;
+	c->seed = (uint64_t)o->seed;
+	c->deterministic = o->deterministic;
+	c->no_graph = o->no_graph;
+}
+
+enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train_opts *o)
+{
+	struct ng_exec *e = calloc(1, sizeof(*e));
+	if (!e)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	struct ng_exec_config c;
+	ng_exec_config_from_opts(&c, o);
+	if (!o->val_glob && o->train_glob)
+		c.eval_batches = 0;
+	enum ng_status st = ng_exec_init(e, &c);
+	if (st) {
+		ng_exec_free(e);
+		free(e);
+		return st;
+	}
+	const struct ng_graph *g = &e->train;
+	size_t free_b = 0, total_b = 0;
+	cudaMemGetInfo(&free_b, &total_b);
+	fprintf(stderr, "gpu: %s | arena %.2f GiB (params+grads+adam %.2f GiB, planned %.2f GiB, "
+		"lower bound %.2f GiB) | device memory in use %.2f of %.2f GiB\n", e->device_name,
+		e->arena_bytes / 1073741824.0, g->persistent_bytes / 1073741824.0,
+		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
+		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
+	fprintf(stderr, "attention: %s\n", ng_attention_describe(&e->att));
+	fprintf(stderr, "step: %d ops, %s\n", g->n_ops,
+		c.no_graph ? "launched eagerly (--no-graph)" : "captured as one CUDA Graph");
+	*be = (struct ng_backend){
+		.name = "cuda", .ctx = e, .peak_flops = e->peak_flops, .input_buffer = cu_input,
+		.submit = cu_submit, .collect = cu_collect, .evaluate = cu_evaluate,
+		.free = cu_free,
+	};
+	return NG_OK;
+}

@@ -1,0 +1,124 @@
+/*
+ * src/cmd_train.c — `nanograph train`: flags of the DESIGN.md contract into ng_train_opts, the
+ * backend chosen by --device, then the shared loop (train.c).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/check.h"
+#include "src/commands.h"
+#include "src/train.h"
+
+enum ng_status ng_cmd_train(int argc, char **argv)
+{
+	struct ng_train_opts o = {
+		.steps = 200, .lr = 6e-4, .warmup = 20, .lr_final_frac = 0.1,
+		.schedule = "cosine", .weight_decay = 0.1, .clip = 1.0, .beta1 = 0.9,
+		.beta2 = 0.95, .eps = 1e-8, .val_every = 0, .val_batches = 8, .out_dir = "out",
+		.seed = 1337, .device = "cuda", .log_every = 0,
+	};
+	struct ng_model_args ma;
+	struct ng_flag flags[NG_MODEL_NFLAGS + 24];
+	ng_cli_model_flags(&ma, flags, "d12", 64);
+	struct ng_flag more[] = {
+		{ "--steps", NG_FLAG_INT, &o.steps, 1, 1e12, "N", "optimizer steps (200)", false },
+		{ "--lr", NG_FLAG_DOUBLE, &o.lr, 0, 10, "X", "peak learning rate (6e-4)", false },
+		{ "--warmup", NG_FLAG_INT, &o.warmup, 0, 1e12, "N", "linear warmup steps (20)",
+		  false },
+		{ "--lr-final-frac", NG_FLAG_DOUBLE, &o.lr_final_frac, 0, 1, "X",
+		  "final lr as a fraction of the peak (0.1)", false },
+		{ "--schedule", NG_FLAG_STRING, &o.schedule, 0, 0, "cosine|linear",
+		  "decay after warmup (cosine)", false },
+		{ "--weight-decay", NG_FLAG_DOUBLE, &o.weight_decay, 0, 10, "X",
+		  "AdamW decoupled weight decay on 2-D weights (0.1)", false },
+		{ "--clip", NG_FLAG_DOUBLE, &o.clip, 0, 1e6, "X",
+		  "global gradient-norm clip, 0 = off (1.0)", false },
+		{ "--train", NG_FLAG_STRING, &o.train_glob, 0, 0, "GLOB",
+		  "training shards (default: the built-in synthetic corpus)", false },
+		{ "--val", NG_FLAG_STRING, &o.val_glob, 0, 0, "GLOB", "validation shards", false },
+		{ "--val-every", NG_FLAG_INT, &o.val_every, 0, 1e12, "N",
+		  "validate every N steps, 0 = at the end only (0)", false },
+		{ "--val-batches", NG_FLAG_INT, &o.val_batches, 0, 1e6, "N",
+		  "micro-batches per validation (8)", false },
+		{ "--out", NG_FLAG_STRING, &o.out_dir, 0, 0, "DIR", "checkpoint directory (out)",
+		  false },
+		{ "--ckpt-every", NG_FLAG_INT, &o.ckpt_every, 0, 1e12, "N",
+		  "write a checkpoint every N steps", false },
+		{ "--resume", NG_FLAG_BOOL, &o.resume, 0, 0, NULL,
+		  "continue from the latest checkpoint in --out", false },
+		{ "--seed", NG_FLAG_INT, &o.seed, 0, 9e18, "N", "init and data order (1337)",
+		  false },
+		{ "--deterministic", NG_FLAG_BOOL, &o.deterministic, 0, 0, NULL,
+		  "bitwise-reproducible kernels (deterministic attention backward)", false },
+		{ "--no-graph", NG_FLAG_BOOL, &o.no_graph, 0, 0, NULL,
+		  "launch the step's nodes eagerly instead of replaying the CUDA Graph", false },
+		{ "--device", NG_FLAG_STRING, &o.device, 0, 0, "cuda|cpu",
+		  "cuda (default) or cpu (the double-precision reference)", false },
+		{ "--metrics", NG_FLAG_STRING, &o.metrics_path, 0, 0, "FILE",
+		  "one JSON object per step (and per validation)", false },
+		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
+		  "print every Nth step line (default: about 50 lines per run)", false },
+	};
+	int nmore = (int)(sizeof(more) / sizeof(more[0]));
+	memcpy(flags + NG_MODEL_NFLAGS, more, sizeof(more));
+	struct ng_command_spec spec = {
+		.name = "train",
+		.summary = "Train a GPT. On the GPU the whole step (K micro-batches of forward and "
+			   "backward, clipping, schedule, AdamW) is one CUDA Graph replayed per step.",
+		.usage = "[model] [batch] [--steps N] [--lr X] ... (flags below)",
+		.flags = flags,
+		.nflags = NG_MODEL_NFLAGS + nmore,
+	};
+	char *pos[1];
+	int npos;
+	bool help;
+	enum ng_status st = ng_cli_parse(&spec, argc, argv, pos, &npos, &help);
+	if (st || help)
+		return st;
+	/* the CPU reference is slow: a smaller default micro-batch for the tiny preset */
+	if (!ng_cli_seen(&spec, "--batch") && ma.model && strcmp(ma.model, "tiny") == 0)
+		ma.batch = 16;
+	st = ng_cli_resolve_shape(&ma, &o.shape);
+	if (st)
+		return st;
+	if (strcmp(o.schedule, "cosine") != 0 && strcmp(o.schedule, "linear") != 0)
+		return ng_fail(NG_ERR_INPUT, "train --schedule: '%s' is not cosine or linear",
+			       o.schedule);
+	if (o.warmup > o.steps)
+		o.warmup = o.steps;
+	if (o.ckpt_every || o.resume) {
+		ng_fail(NG_ERR_INPUT, "train: checkpoints (--ckpt-every, --resume) are not "
+			"available in this version");
+		ng_hint("run without them; checkpointing is issue 10");
+		return NG_ERR_INPUT;
+	}
+	if (o.val_glob && !o.train_glob)
+		return ng_fail(NG_ERR_INPUT, "train: --val needs --train (without --train the "
+			       "synthetic corpus provides its own validation stream)");
+	if (o.log_every == 0)
+		o.log_every = o.steps <= 50 ? 1 : (o.steps + 49) / 50;
+
+	struct ng_backend be;
+	if (strcmp(o.device, "cpu") == 0) {
+		st = ng_backend_cpu_init(&be, &o);
+	} else if (strcmp(o.device, "cuda") == 0) {
+		if (ng_cuda_device_count() == 0) {
+			ng_fail(NG_ERR_RUNTIME, "no CUDA device found");
+			ng_hint("train on the CPU reference with --device cpu (small models only, "
+				"e.g. --model tiny)");
+			return NG_ERR_RUNTIME;
+		}
+		st = ng_backend_cuda_init(&be, &o);
+	} else {
+		return ng_fail(NG_ERR_INPUT, "train --device: '%s' is not cuda or cpu", o.device);
+	}
+	if (st)
+		return st;
+	const struct ng_gpt_config *m = &o.shape.model;
+	fprintf(stderr, "model: L=%d H=%d C=%d T=%d V=%d (padded %d) | batch %d x %d, %d "
+		"micro-batch(es) | device %s\n", m->L, m->H, m->C, o.shape.T, m->V, m->Vp,
+		o.shape.B, o.shape.T, o.shape.K, be.name);
+	st = ng_train_run(&o, &be);
+	be.free(be.ctx);
+	return st;
+}

@@ -1,0 +1,268 @@
+/*
+ * src/train.c — the training loop (see train.h): feeds K micro-batches per step into the
+ * backend's input buffer, collects results as the backend produces them (the GPU a step late,
+ * through its pinned metrics ring), validates, logs, and prints a summary.
+ */
+#include "src/train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data/loader.h"
+#include "data/synth.h"
+
+struct feed {
+	struct ng_synth synth;     /* when no --train */
+	bool synthetic;
+	struct ng_loader train;    /* when --train */
+	uint16_t *val;             /* val_batches micro-batches of B*(T+1), read once */
+	int n_val;
+	double floor;              /* synthetic: the entropy floor in nats; NAN otherwise */
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
+{
+	const struct ng_shape *s = &o->shape;
+	size_t window = (size_t)s->B * (s->T + 1);
+	enum ng_status st;
+	memset(f, 0, sizeof(*f));
+	f->floor = NAN;
+	f->synthetic = o->train_glob == NULL;
+	if (f->synthetic) {
+		st = ng_synth_init(&f->synth, s->model.V, (uint64_t)o->seed);
+		if (st)
+			return st;
+		f->floor = ng_synth_entropy(&f->synth);
+	} else {
+		struct ng_loader_config lc = {
+			.pattern = o->train_glob, .B = s->B, .T = s->T, .vocab = s->model.V,
+			.rank = 0, .world = 1, .seed = (uint64_t)o->seed, .shuffle = true,
+			.prefetch = 4,
+		};
+		st = ng_loader_open(&f->train, &lc);
+		if (st)
+			return st;
+	}
+	f->n_val = (int)o->val_batches;
+	if (f->n_val == 0 || (!f->synthetic && !o->val_glob))
+		return NG_OK;
+	f->val = malloc(window * f->n_val * sizeof(uint16_t));
+	if (!f->val)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for %d validation batches",
+			       f->n_val);
+	if (f->synthetic) {
+		for (int i = 0; i < f->n_val; i++)
+			ng_synth_batch(&f->synth, 1, (uint64_t)i, s->B, s->T, f->val + i * window);
+		return NG_OK;
+	}
+	struct ng_loader vl;
+	struct ng_loader_config vc = {
+		.pattern = o->val_glob, .B = s->B, .T = s->T, .vocab = s->model.V, .rank = 0,
+		.world = 1, .seed = 0, .shuffle = false, .prefetch = 2,
+	};
+	st = ng_loader_open(&vl, &vc);
+	if (st)
+		return st;
+	for (int i = 0; i < f->n_val && !st; i++) {
+		const uint16_t *b;
+		st = ng_loader_next(&vl, &b);
+		if (!st)
+			memcpy(f->val + i * window, b, window * sizeof(uint16_t));
+	}
+	ng_loader_close(&vl);
+	return st;
+}
+
+static void feed_close(struct feed *f)
+{
+	if (f->synthetic)
+		ng_synth_free(&f->synth);
+	else
+		ng_loader_close(&f->train);
+	free(f->val);
+}
+
+/* Fill K micro-batches of step `step` (0-based). */
+static enum ng_status feed_step(struct feed *f, const struct ng_shape *s, long long step,
+				uint16_t *buf)
+{
+	size_t window = (size_t)s->B * (s->T + 1);
+	for (int k = 0; k < s->K; k++) {
+		if (f->synthetic) {
+			ng_synth_batch(&f->synth, 0, (uint64_t)step * s->K + k, s->B, s->T,
+				       buf + k * window);
+			continue;
+		}
+		const uint16_t *b;
+		enum ng_status st = ng_loader_next(&f->train, &b);
+		if (st)
+			return st;
+		memcpy(buf + k * window, b, window * sizeof(uint16_t));
+	}
+	return NG_OK;
+}
+
+struct logger {
+	FILE *metrics;
+	double t_start, t_last;    /* wall clock of the start and the last printed result */
+	long long last_step;       /* step of the last result */
+	double tokens_per_step, flops_per_token, peak;
+	long long steps;
+	double first_loss, last_loss;
+	double sum_tok_s;          /* steady-state throughput: sum over steps after the first */
+	int n_tok_s;
+	long long skipped;
+};
+
+static void log_result(struct logger *lg, const struct ng_step_result *r, bool print)
+{
+	double t = now_s();
+	double ms = (t - lg->t_last) * 1e3 / (double)(r->step - lg->last_step);
+	lg->t_last = t;
+	lg->last_step = r->step;
+	double tok_s = lg->tokens_per_step / (ms * 1e-3);
+	double mfu = lg->peak > 0 ? tok_s * lg->flops_per_token / lg->peak : 0;
+	if (r->step == 1)
+		lg->first_loss = r->loss;
+	else {
+		lg->sum_tok_s += tok_s;
+		lg->n_tok_s++;
+	}
+	lg->last_loss = r->loss;
+	lg->skipped += r->skipped;
+	if (print || r->skipped || r->step == lg->steps) {
+		double eta = (lg->steps - r->step) * ms * 1e-3;
+		char mfu_s[16] = "-";
+		if (lg->peak > 0)
+			snprintf(mfu_s, sizeof(mfu_s), "%.1f%%", mfu * 100);
+		fprintf(stderr, "step %*lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s"
+			" | MFU %s | ETA %.0fs%s\n", (int)(snprintf(NULL, 0, "%lld", lg->steps)),
+			r->step, lg->steps, r->loss, r->lr, r->grad_norm, ms, tok_s, mfu_s, eta,
+			r->skipped ? " | SKIPPED: non-finite loss or gradient" : "");
+	}
+	if (lg->metrics) {
+		fprintf(lg->metrics, "{\"step\":%lld,\"loss\":%.6g,\"lr\":%.6g,\"grad_norm\":%.6g,"
+			"\"ms\":%.4g,\"tok_per_s\":%.6g,\"mfu\":%.4g%s}\n", r->step,
+			isfinite(r->loss) ? r->loss : -1.0, r->lr,
+			isfinite(r->grad_norm) ? r->grad_norm : -1.0, ms, tok_s, mfu,
+			r->skipped ? ",\"skipped\":true" : "");
+		fflush(lg->metrics);
+	}
+}
+
+static enum ng_status drain(struct ng_backend *be, struct logger *lg, bool wait, long long every)
+{
+	struct ng_step_result r[16];
+	int n;
+	do {
+		enum ng_status st = be->collect(be->ctx, r, 16, wait, &n);
+		if (st)
+			return st;
+		for (int i = 0; i < n; i++)
+			log_result(lg, &r[i], every <= 1 || r[i].step % every == 0 || r[i].step == 1);
+	} while (n == 16);
+	return NG_OK;
+}
+
+static enum ng_status validate(struct ng_backend *be, struct feed *f, struct logger *lg,
+			       long long step)
+{
+	if (!f->val)
+		return NG_OK;
+	double loss;
+	enum ng_status st = be->evaluate(be->ctx, f->val, f->n_val, &loss);
+	if (st)
+		return st;
+	if (isfinite(f->floor))
+		fprintf(stderr, "step %lld | val loss %.4f | floor %.4f (entropy of the synthetic "
+			"corpus) | gap %.4f\n", step, loss, f->floor, loss - f->floor);
+	else
+		fprintf(stderr, "step %lld | val loss %.4f | perplexity %.2f\n", step, loss,
+			exp(loss));
+	if (lg->metrics) {
+		fprintf(lg->metrics, "{\"step\":%lld,\"val_loss\":%.6g", step, loss);
+		if (isfinite(f->floor))
+			fprintf(lg->metrics, ",\"val_floor\":%.6g", f->floor);
+		fprintf(lg->metrics, "}\n");
+		fflush(lg->metrics);
+	}
+	return NG_OK;
+}
+
+enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be)
+{
+	const struct ng_shape *s = &o->shape;
+	struct feed f;
+	struct logger lg = { 0 };
+	enum ng_status st = feed_open(&f, o);
+	if (st)
+		goto out;
+	if (o->metrics_path) {
+		lg.metrics = fopen(o->metrics_path, "w");
+		if (!lg.metrics) {
+			st = ng_fail(NG_ERR_INPUT, "cannot write --metrics %s: %s", o->metrics_path,
+				     strerror(errno));
+			goto out;
+		}
+	}
+	lg.tokens_per_step = (double)s->K * s->B * s->T;
+	lg.flops_per_token = ng_gpt_flops_per_token(&s->model, s->T);
+	lg.peak = be->peak_flops;
+	lg.steps = o->steps;
+	fprintf(stderr, "data: %s", f.synthetic ? "synthetic Markov corpus" : o->train_glob);
+	if (isfinite(f.floor))
+		fprintf(stderr, " (entropy floor %.4f nats/token)", f.floor);
+	fprintf(stderr, " | %d x %d x %d = %.0f tokens per step\n", s->K, s->B, s->T,
+		lg.tokens_per_step);
+	lg.t_start = lg.t_last = now_s();
+	for (long long step = 0; step < o->steps; step++) {
+		uint16_t *buf;
+		st = be->input_buffer(be->ctx, &buf);
+		if (!st)
+			st = feed_step(&f, s, step, buf);
+		if (!st)
+			st = be->submit(be->ctx);
+		if (!st)
+			st = drain(be, &lg, false, o->log_every);
+		if (st)
+			goto out;
+		if (o->val_every > 0 && (step + 1) % o->val_every == 0 && step + 1 < o->steps) {
+			st = drain(be, &lg, true, o->log_every);
+			if (!st)
+				st = validate(be, &f, &lg, step + 1);
+			if (st)
+				goto out;
+		}
+	}
+	st = drain(be, &lg, true, o->log_every);
+	if (!st)
+		st = validate(be, &f, &lg, o->steps);
+	if (st)
+		goto out;
+	double wall = now_s() - lg.t_start;
+	fprintf(stderr, "done: %lld steps in %.1f s | loss %.4f -> %.4f (%.1f%% lower)", o->steps,
+		wall, lg.first_loss, lg.last_loss, 100 * (1 - lg.last_loss / lg.first_loss));
+	if (lg.n_tok_s)
+		fprintf(stderr, " | mean %.0f tok/s after step 1", lg.sum_tok_s / lg.n_tok_s);
+	if (lg.skipped)
+		fprintf(stderr, " | %lld updates skipped", lg.skipped);
+	fprintf(stderr, "\n");
+out:
+	if (lg.metrics)
+		fclose(lg.metrics);
+	if (f.synthetic || f.val)
+		feed_close(&f);
+	return st;
+}

@@ -1,0 +1,72 @@
+/*
+ * src/train.h — the training loop shared by the CPU reference and the GPU step: schedule,
+ * data feeding, validation, logging (per-step line on stderr, --metrics JSONL) and the summary.
+ * The device-specific part is a backend (a small table of functions), so both paths run the
+ * same loop and print the same lines.
+ */
+#ifndef NG_SRC_TRAIN_H
+#define NG_SRC_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "src/cli.h"
+
+struct ng_train_opts {
+	struct ng_shape shape;     /* model, B, T, K */
+	long long steps;           /* optimizer steps */
+	double lr;                 /* peak learning rate */
+	long long warmup;          /* warmup steps */
+	double lr_final_frac;      /* final lr / peak lr */
+	const char *schedule;      /* "cosine" or "linear" */
+	double weight_decay;       /* on 2-D weights only */
+	double clip;               /* global-norm clip; 0 = off */
+	double beta1, beta2, eps;  /* AdamW */
+	const char *train_glob;    /* NULL: the synthetic corpus */
+	const char *val_glob;      /* NULL: synthetic (or none with --train) */
+	long long val_every;       /* validate every N steps (and at the end); 0 = only at the end */
+	long long val_batches;     /* micro-batches per validation */
+	const char *out_dir;       /* checkpoints */
+	long long ckpt_every;
+	bool resume;
+	long long seed;
+	bool deterministic;
+	bool no_graph;
+	const char *device;        /* "cuda" or "cpu" */
+	const char *metrics_path;  /* JSONL, or NULL */
+	long long log_every;       /* print a step line every N steps (the JSONL has every step) */
+};
+
+/* What a backend reports for one optimizer step. */
+struct ng_step_result {
+	long long step;    /* 1-based */
+	double loss;       /* mean training loss over the step's K*B*T tokens */
+	double grad_norm;  /* before clipping */
+	double lr;
+	bool skipped;      /* update skipped: non-finite loss or gradient */
+};
+
+struct ng_backend {
+	const char *name;          /* "cpu", "cuda" */
+	void *ctx;
+	double peak_flops;         /* for MFU; 0 = unknown */
+	/* Where the next step's K*B*(T+1) tokens go; blocks only until the previous contents are
+	 * consumed (the GPU's H2D copy of the previous step has run). */
+	enum ng_status (*input_buffer)(void *ctx, uint16_t **buf);
+	/* Start one optimizer step on the tokens in the input buffer. */
+	enum ng_status (*submit)(void *ctx);
+	/* Results of completed steps, oldest first; returns how many were written (<= max). When
+	 * `wait` is set, blocks until every submitted step has completed. */
+	enum ng_status (*collect)(void *ctx, struct ng_step_result *out, int max, bool wait, int *n);
+	/* Mean loss over n micro-batches of B*(T+1) tokens (synchronous). */
+	enum ng_status (*evaluate)(void *ctx, const uint16_t *tokens, int n, double *loss);
+	void (*free)(void *ctx);
+};
+
+enum ng_status ng_train_run(const struct ng_train_opts *opts, struct ng_backend *be);
+
+/* Backends. */
+enum ng_status ng_backend_cpu_init(struct ng_backend *be, const struct ng_train_opts *opts);
+enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train_opts *opts);
+
+#endif
