@@ -206,12 +206,18 @@ static enum ng_status too_small(const struct ng_loader *ld)
 			"batch of B x world = %llu windows (%llu tokens)", ld->shards[0].path,
 			ld->shards[0].count, (unsigned long long)ld->windows, c->T + 1, need,
 			need_tok);
-	else
+	else {
+		int small = 0; /* the largest shard, to name one file */
+		for (int i = 1; i < ld->nshards; i++)
+			if (ld->shards[i].count > ld->shards[small].count)
+				small = i;
 		ng_fail(NG_ERR_INPUT,
-			"shards '%s': %d files (%d smaller than one window of T+1=%d tokens) hold "
-			"%llu windows in all, fewer than one batch of B x world = %llu windows",
-			c->pattern, ld->nshards, ld->skipped, c->T + 1,
+			"shards '%s': %d files (%d smaller than one window of T+1=%d tokens; the "
+			"largest, %s, has %zu tokens) hold %llu windows in all, fewer than one batch "
+			"of B x world = %llu windows", c->pattern, ld->nshards, ld->skipped, c->T + 1,
+			ld->shards[small].path, ld->shards[small].count,
 			(unsigned long long)ld->windows, need);
+	}
 	ng_hint("use a smaller --batch or --seq-len, or more data");
 	return NG_ERR_INPUT;
 }

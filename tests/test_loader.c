@@ -222,7 +222,11 @@ static void expect_open_error(struct ng_loader_config c, const char *needle)
 {
 	struct ng_loader ld;
 	ng_clear_error();
-	cr_assert_eq(ng_loader_open(&ld, &c), NG_ERR_INPUT, "opened; expected '%s'", needle);
+	enum ng_status st = ng_loader_open(&ld, &c);
+	if (st == NG_OK)
+		ng_loader_close(&ld);
+	cr_assert_eq(st, NG_ERR_INPUT, "seed %llu: opened; expected '%s'",
+		     (unsigned long long)seed, needle);
 	cr_assert(strstr(ng_error_message(), needle), "error '%s' does not say '%s'",
 		  ng_error_message(), needle);
 }
@@ -237,8 +241,12 @@ Test(loader, bad_input)
 	c.prefetch = 1;
 	expect_open_error(c, "prefetch=1");
 	/* one batch needs more windows than all shards hold */
-	c = config(1000, 16, 0, 1, true);
+	c = config(10000, 16, 0, 1, true); /* the shards hold < 30000/16 windows */
 	expect_open_error(c, "fewer than one batch");
+	expect_open_error(c, "train_00000"); /* names the largest file */
+	/* every shard smaller than one window */
+	c = config(1, 20000, 0, 1, true);
+	expect_open_error(c, "3 smaller than one window");
 	/* a single shard smaller than one window: the error names it */
 	snprintf(p, sizeof(p), "%s/train_000001.bin", dir);
 	c = config(1, 50000, 0, 1, true);
