@@ -47,7 +47,8 @@ enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_by
 	ctx->workspace_bytes = workspace_bytes;
 	ctx->align_bytes = 16;
 	ctx->tune_candidates = NG_MM_MAX_CANDIDATES;
-	ctx->tune_reps = 5;
+	ctx->tune_reps = 10;
+	ctx->dbias_colsum = 1; /* measured faster than BGRADB at every d12/d48 shape (matmul.h) */
 	return NG_OK;
 }
 
@@ -79,6 +80,12 @@ void ng_matmul_free(struct ng_matmul *mm)
 		cublasLtMatrixTransformDescDestroy(mm->add);
 	if (mm->vec)
 		cublasLtMatrixLayoutDestroy(mm->vec);
+	if (mm->sdesc)
+		cublasLtMatmulDescDestroy(mm->sdesc);
+	cublasLtMatrixLayout_t l[3] = {mm->sa, mm->sb, mm->sd};
+	for (int i = 0; i < 3; i++)
+		if (l[i])
+			cublasLtMatrixLayoutDestroy(l[i]);
 	memset(mm, 0, sizeof(*mm));
 }
 
@@ -140,7 +147,7 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 		mm->m = sp->IC; mm->n = sp->OC; mm->k = sp->N;
 		tb = CUBLAS_OP_T; ar = IC; ac = N; br = OC; bc = N;
 		dt = CUDA_R_32F;
-		if (sp->bias)
+		if (sp->bias && !mm->colsum)
 			epi = CUBLASLT_EPILOGUE_BGRADB;
 		break;
 	}
@@ -152,16 +159,21 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
 	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)))
 		return NG_ERR_RUNTIME;
-	if (sp->bias) {
+	/* The heuristic reads the bias / aux pointer values for their alignment only: a fake
+	 * pointer aligned exactly as the run's pointers promise keeps its choice valid for them. */
+	const void *fake = (const void *)(uintptr_t)mm->align_bytes;
+	if (sp->bias && !mm->colsum) {
 		int32_t bt = (sp->kind == NG_MATMUL_DW) ? CUDA_R_32F : CUDA_R_16BF;
-		if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)))
+		if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)) ||
+		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &fake, sizeof(fake)))
 			return NG_ERR_RUNTIME;
 	}
 	if (sp->gelu) {
 		int64_t ld = mm->m; /* aux has D's shape: (m, n) column-major */
 		int32_t at = CUDA_R_16BF;
 		if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)) ||
-		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof(at)))
+		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof(at)) ||
+		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &fake, sizeof(fake)))
 			return NG_ERR_RUNTIME;
 	}
 	if (NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->a, CUDA_R_16BF, ar, ac, (int64_t)ar)) ||
@@ -171,7 +183,17 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->d, dt, (uint64_t)mm->m, (uint64_t)mm->n,
 						       mm->m)))
 		return NG_ERR_RUNTIME;
-	if (sp->kind == NG_MATMUL_DW && sp->bias && sp->accumulate) {
+	if (mm->colsum) { /* dbias (OC, 1) = dout (OC x N, ld OC) * v (N x 1, ld N up to 8) */
+		if (NG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mm->sdesc, CUBLAS_COMPUTE_32F,
+							     CUDA_R_32F)) ||
+		    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->sa, CUDA_R_16BF, OC, N,
+							       (int64_t)OC)) ||
+		    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->sb, CUDA_R_16BF, N, 1,
+							       (int64_t)round_up_(N, 8))) ||
+		    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->sd, CUDA_R_32F, OC, 1,
+							       (int64_t)OC)))
+			return NG_ERR_RUNTIME;
+	} else if (sp->kind == NG_MATMUL_DW && sp->bias && sp->accumulate) {
 		if (NG_CUBLAS_CHECK(cublasLtMatrixTransformDescCreate(&mm->add, CUDA_R_32F)) ||
 		    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->vec, CUDA_R_32F, OC, 1,
 							       (int64_t)OC)))
@@ -180,8 +202,11 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 	return NG_OK;
 }
 
-static enum ng_status heuristic_(struct ng_matmul *mm, const struct ng_matmul_ctx *ctx,
-				 cublasLtMatmulHeuristicResult_t *res, int want, int *got)
+/* Up to `want` algorithms for desc over layouts l[0..3] (A, B, C, D) of spec sp. */
+static enum ng_status heuristic_(const struct ng_matmul_ctx *ctx, cublasLtMatmulDesc_t desc,
+				 cublasLtMatrixLayout_t *l, const struct ng_matmul_spec *sp,
+				 const char *what, cublasLtMatmulHeuristicResult_t *res, int want,
+				 int *got)
 {
 	cublasLtMatmulPreference_t pref = NULL;
 	enum ng_status st = NG_ERR_RUNTIME;
@@ -203,22 +228,63 @@ static enum ng_status heuristic_(struct ng_matmul *mm, const struct ng_matmul_ct
 			goto out_free_pref;
 	}
 	*got = 0;
-	cublasStatus_t cs = cublasLtMatmulAlgoGetHeuristic(mm->lt, mm->desc, mm->a, mm->b, mm->c,
-							   mm->d, pref, want, res, got);
+	cublasStatus_t cs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, desc, l[0], l[1], l[2], l[3],
+							   pref, want, res, got);
 	if (cs != CUBLAS_STATUS_SUCCESS || *got == 0) {
 		st = ng_fail(NG_ERR_RUNTIME,
-			     "ng_matmul_plan: cuBLASLt has no algorithm for %s N=%d IC=%d OC=%d "
+			     "ng_matmul_plan: cuBLASLt has no algorithm for %s%s N=%d IC=%d OC=%d "
 			     "(gelu %d, bias %d, accumulate %d): cublasLtMatmulAlgoGetHeuristic "
-			     "status %d, %d results", kind_name_(mm->spec.kind), mm->spec.N,
-			     mm->spec.IC, mm->spec.OC, mm->spec.gelu, mm->spec.bias,
-			     mm->spec.accumulate, (int)cs, *got);
+			     "status %d, %d results", kind_name_(sp->kind), what, sp->N, sp->IC,
+			     sp->OC, sp->gelu, sp->bias, sp->accumulate, (int)cs, *got);
 		ng_hint("a larger workspace (ng_matmul_ctx_init) or pointer alignment may help");
 		goto out_free_pref;
 	}
+	/* Keep only algorithms whose own minimum pointer alignments the run's promise meets. */
+	int kept = 0;
+	for (int i = 0; i < *got; i++) {
+		uint32_t need = 0;
+		for (int j = 0; j < 4; j++) {
+			cublasLtMatmulAlgoCapAttributes_t cap[4] = {
+				CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES,
+				CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+				CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES,
+				CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES};
+			uint32_t v = 0;
+			size_t wr = 0;
+			if (cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, cap[j], &v, sizeof(v),
+							      &wr) == CUBLAS_STATUS_SUCCESS &&
+			    v > need)
+				need = v;
+		}
+		if (need <= al)
+			res[kept++] = res[i];
+	}
+	if (kept == 0) {
+		st = ng_fail(NG_ERR_RUNTIME, "ng_matmul_plan: all %d algorithms for %s%s N=%d IC=%d "
+			     "OC=%d need more than %u-byte pointer alignment", *got,
+			     kind_name_(sp->kind), what, sp->N, sp->IC, sp->OC, al);
+		ng_hint("raise ng_matmul_ctx.align_bytes and align the tensors to it");
+		goto out_free_pref;
+	}
+	*got = kept;
 	st = NG_OK;
 out_free_pref:
 	cublasLtMatmulPreferenceDestroy(pref);
 	return st;
+}
+
+/* Workspace: [matmul workspace | dbias scratch (OC fp32) | colsum's N bf16 3.0s]. */
+static void layout_workspace_(struct ng_matmul *mm)
+{
+	size_t front = mm->algo_ws > mm->salgo_ws ? mm->algo_ws : mm->salgo_ws;
+	size_t off = round_up_(front, NG_MM_SCRATCH_ALIGN);
+	mm->scratch_off = off;
+	if (mm->add)
+		off = round_up_(off + (size_t)mm->spec.OC * 4, NG_MM_SCRATCH_ALIGN);
+	mm->threes_off = off;
+	if (mm->colsum)
+		off += (size_t)mm->spec.N * 2;
+	mm->workspace_need = (mm->add || mm->colsum) ? off : front;
 }
 
 static int cmp_float_(const void *x, const void *y)
@@ -241,12 +307,36 @@ static void tune_bufs_free_(struct tune_bufs_ *t)
 	memset(t, 0, sizeof(*t));
 }
 
+/* A scratch buffer filled with pseudo-random bf16 N(0, 1)-ish values (fp32 buffers read them
+ * in pairs: finite values too). Random data, not a constant: tensor-core power, hence clocks
+ * and the ranking of candidates, depend on the data. A 1 MiB host pattern, then device copies
+ * doubling the filled prefix. */
 static enum ng_status tune_alloc_(void **p, size_t bytes)
 {
-	if (NG_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 16)))
+	enum { PAT = 1 << 20 };
+	static uint16_t pat[PAT / 2];
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	bytes = round_up_(bytes ? bytes : 16, 16);
+	if (NG_CUDA_CHECK(cudaMalloc(p, bytes)))
 		return NG_ERR_RUNTIME;
-	/* bytes 0x3c: bf16 0x3c3c ~ 0.0115, fp32 0x3c3c3c3c ~ 0.0115 */
-	return NG_CUDA_CHECK(cudaMemset(*p, 0x3c, bytes ? bytes : 16));
+	for (size_t i = 0; i < PAT / 2; i++) { /* sum of 4 uniforms ~ N(0, 1.15): exponent kept */
+		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+		float f = ((float)(x & 0xffff) + (float)((x >> 16) & 0xffff) +
+			   (float)((x >> 32) & 0xffff) + (float)((x >> 48) & 0xffff)) / 32768.0f - 4.0f;
+		uint32_t u;
+		memcpy(&u, &f, 4);
+		pat[i] = (uint16_t)(u >> 16);
+	}
+	size_t done = bytes < PAT ? bytes : PAT;
+	if (NG_CUDA_CHECK(cudaMemcpy(*p, pat, done, cudaMemcpyHostToDevice)))
+		return NG_ERR_RUNTIME;
+	while (done < bytes) {
+		size_t n = bytes - done < done ? bytes - done : done;
+		if (NG_CUDA_CHECK(cudaMemcpy((char *)*p + done, *p, n, cudaMemcpyDeviceToDevice)))
+			return NG_ERR_RUNTIME;
+		done += n;
+	}
+	return NG_OK;
 }
 
 /* Time each usable candidate; keep the fastest in mm->algo / mm->chosen. */
@@ -270,7 +360,9 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 	    tune_alloc_(&t.out, (size_t)mm->m * mm->n * es_out) ||
 	    tune_alloc_(&t.bias, (size_t)sp->OC * 4) ||
 	    tune_alloc_(&t.aux, sp->gelu ? (size_t)mm->m * mm->n * 2 : 0) ||
-	    tune_alloc_(&t.ws, round_up_(max_ws, NG_MM_SCRATCH_ALIGN) + (size_t)sp->OC * 4))
+	    tune_alloc_(&t.ws, round_up_(max_ws > mm->salgo_ws ? max_ws : mm->salgo_ws,
+					 NG_MM_SCRATCH_ALIGN) + (size_t)sp->OC * 4 + 256 +
+				(size_t)sp->N * 2))
 		goto out_free;
 	if (NG_CUDA_CHECK(cudaEventCreate(&e0)) || NG_CUDA_CHECK(cudaEventCreate(&e1)))
 		goto out_free;
@@ -279,8 +371,7 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 		int nr = reps < 32 ? reps : 32, ok = 1;
 		mm->algo = res[i].algo;
 		mm->algo_ws = res[i].workspaceSize;
-		mm->scratch_off = round_up_(mm->algo_ws, NG_MM_SCRATCH_ALIGN);
-		mm->workspace_need = mm->scratch_off + (mm->add ? (size_t)sp->OC * 4 : 0);
+		layout_workspace_(mm);
 		for (int r = -1; r < nr && ok; r++) { /* r = -1: warm-up, not timed */
 			cudaEventRecord(e0, 0);
 			if (ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
@@ -319,6 +410,28 @@ out_free:
 	return st;
 }
 
+/* Descriptors, the colsum algorithm if any, and the main heuristic's candidates. */
+static enum ng_status describe_(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
+				cublasLtMatmulHeuristicResult_t *res, int want, int *got)
+{
+	enum ng_status st;
+	if ((st = build_descriptors_(mm)))
+		return st;
+	if (mm->colsum) {
+		cublasLtMatmulHeuristicResult_t r1;
+		cublasLtMatrixLayout_t l[4] = {mm->sa, mm->sb, mm->sd, mm->sd};
+		int g = 0;
+		memset(&r1, 0, sizeof(r1));
+		if ((st = heuristic_(ctx, mm->sdesc, l, &mm->spec, " (bias column sums)", &r1, 1,
+				     &g)))
+			return st;
+		mm->salgo = r1.algo;
+		mm->salgo_ws = r1.workspaceSize;
+	}
+	cublasLtMatrixLayout_t l[4] = {mm->a, mm->b, mm->c, mm->d};
+	return heuristic_(ctx, mm->desc, l, &mm->spec, "", res, want, got);
+}
+
 enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 			      const struct ng_matmul_spec *spec)
 {
@@ -328,26 +441,34 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	memset(mm, 0, sizeof(*mm));
 	if ((st = check_spec_(spec)))
 		return st;
-	mm->spec = *spec;
-	mm->lt = ctx->lt;
-	mm->align_bytes = ctx->align_bytes < 16 ? 16 : ctx->align_bytes;
-	if ((st = build_descriptors_(mm)))
-		goto out_fail;
 	if (spec->autotune)
 		want = ctx->tune_candidates < 1 ? 1
 		       : ctx->tune_candidates > NG_MM_MAX_CANDIDATES ? NG_MM_MAX_CANDIDATES
 								     : ctx->tune_candidates;
-	memset(res, 0, sizeof(res));
-	if ((st = heuristic_(mm, ctx, res, want, &got)))
-		goto out_fail;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		memset(mm, 0, sizeof(*mm));
+		mm->spec = *spec;
+		mm->lt = ctx->lt;
+		mm->align_bytes = ctx->align_bytes < 16 ? 16 : ctx->align_bytes;
+		mm->colsum = spec->kind == NG_MATMUL_DW && spec->bias &&
+			     (ctx->dbias_colsum || attempt == 1);
+		memset(res, 0, sizeof(res));
+		st = describe_(mm, ctx, res, want, &got);
+		if (st == NG_OK)
+			break;
+		ng_matmul_free(mm);
+		/* no BGRADB algorithm: fall back to the column-sum matmul once */
+		if (attempt == 1 || ctx->dbias_colsum || spec->kind != NG_MATMUL_DW || !spec->bias)
+			return st;
+		ng_clear_error();
+	}
 	mm->n_candidates = got;
 	mm->chosen = 0;
 	if (spec->autotune && got > 1 && (st = autotune_(mm, ctx, res, got)))
 		goto out_fail;
 	mm->algo = res[mm->chosen].algo;
 	mm->algo_ws = res[mm->chosen].workspaceSize;
-	mm->scratch_off = round_up_(mm->algo_ws, NG_MM_SCRATCH_ALIGN);
-	mm->workspace_need = mm->add ? mm->scratch_off + (size_t)spec->OC * 4 : mm->algo_ws;
+	layout_workspace_(mm);
 	return NG_OK;
 out_fail:
 	ng_matmul_free(mm);
@@ -376,8 +497,12 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 		return NG_ERR_INPUT;
 	if (sp->gelu && check_ptr_(mm, "aux", aux))
 		return NG_ERR_INPUT;
-	if (mm->workspace_need && check_ptr_(mm, "workspace", workspace))
-		return NG_ERR_INPUT;
+	if (mm->workspace_need && (!workspace || (uintptr_t)workspace % NG_MATMUL_WORKSPACE_ALIGN))
+		return ng_check_arg_fail("ng_matmul_run", "%s N=%d IC=%d OC=%d: workspace %p is %s "
+					 "(need %d-byte alignment, %zu bytes)", kind_name_(sp->kind),
+					 sp->N, sp->IC, sp->OC, workspace,
+					 workspace ? "misaligned" : "NULL", NG_MATMUL_WORKSPACE_ALIGN,
+					 mm->workspace_need);
 	if (sp->bias && sp->kind == NG_MATMUL_FWD) {
 		if (check_ptr_(mm, "bias", bias))
 			return NG_ERR_INPUT;
@@ -386,7 +511,8 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 	if (sp->bias && sp->kind == NG_MATMUL_DW) {
 		if (check_ptr_(mm, "dbias", dbias))
 			return NG_ERR_INPUT;
-		bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
+		if (!mm->colsum)
+			bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
 	}
 	if (bias_ptr && set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
 				  sizeof(bias_ptr)))
@@ -395,13 +521,26 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 				  sizeof(aux)))
 		return NG_ERR_RUNTIME;
 	cublasStatus_t cs = cublasLtMatmul(mm->lt, mm->desc, &one, b, mm->a, a, mm->b, &mm->beta,
-					   out, mm->c, out, mm->d, &mm->algo, workspace,
-					   mm->algo_ws, s);
+					   out, mm->c, out, mm->d, &mm->algo,
+					   mm->algo_ws ? workspace : NULL, mm->algo_ws, s);
 	if (cs != CUBLAS_STATUS_SUCCESS)
 		return ng_fail(NG_ERR_RUNTIME, "ng_matmul_run: cublasLtMatmul failed for %s N=%d IC=%d "
 			       "OC=%d (gelu %d, bias %d, accumulate %d): cublasStatus %d",
 			       kind_name_(sp->kind), sp->N, sp->IC, sp->OC, sp->gelu, sp->bias,
 			       sp->accumulate, (int)cs);
+	if (mm->colsum) {
+		const float third = 1.0f / 3.0f;
+		void *v = (char *)workspace + mm->threes_off;
+		if (NG_CUDA_CHECK(cudaMemsetAsync(v, 0x40, (size_t)sp->N * 2, s)))
+			return NG_ERR_RUNTIME;
+		cs = cublasLtMatmul(mm->lt, mm->sdesc, &third, a, mm->sa, v, mm->sb, &mm->beta,
+				    dbias, mm->sd, dbias, mm->sd, &mm->salgo,
+				    mm->salgo_ws ? workspace : NULL, mm->salgo_ws, s);
+		if (cs != CUBLAS_STATUS_SUCCESS)
+			return ng_fail(NG_ERR_RUNTIME, "ng_matmul_run: cublasLtMatmul (bias column "
+				       "sums) failed for DW N=%d IC=%d OC=%d: cublasStatus %d",
+				       sp->N, sp->IC, sp->OC, (int)cs);
+	}
 	if (mm->add) {
 		cs = cublasLtMatrixTransform(mm->lt, mm->add, &one, bias_ptr, mm->vec, &one, dbias,
 					     mm->vec, dbias, mm->vec, s);

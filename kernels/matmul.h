@@ -23,21 +23,43 @@
  *                         DGELU epilogue multiplies the matmul RESULT (D) by the GELU
  *                         derivative of an aux matrix of D's shape: aux is read, never written.
  *   NG_MATMUL_DW    dW (OC, IC) fp32 (+)= dout^T (OC, N) @ inp (N, IC)              (IC, OC, N)
- *                   bias: dbias (OC) fp32 (+)= column sums of dout (epilogue BGRADB, the
- *                         reduction over k = N of the B operand, which is dout).
+ *                   bias: dbias (OC) fp32 (+)= column sums of dout, see "Bias gradient".
  *                   accumulate: "+=" (beta = 1: gradient accumulation over micro-batches);
- *                   otherwise "=". BGRADB always WRITES its vector, so with accumulate the
- *                   plan writes it into a scratch slot at the end of the workspace and adds it
- *                   to dbias with cublasLtMatrixTransform (dbias = 1*scratch + 1*dbias), two
- *                   stream-ordered calls, deterministic. Measured cost: see "Bias gradient" below.
+ *                   otherwise "=".
  *
- * GELU is cuBLASLt's (tanh form, like GPT-2; checked against graph/cpu_ops.c in
- * tests/test_matmul.c). Accumulation is fp32 (CUBLAS_COMPUTE_32F), alpha = 1.
+ * Bias gradient (DW + bias), two ways, both deterministic, both "+=" under accumulate:
+ *   colsum (ctx->dbias_colsum = 1, the default): after the weight-gradient matmul, a second
+ *     matmul dbias (OC,1) (+)= (1/3) * dout^T @ v with v = N bf16 3.0 values that a
+ *     cudaMemsetAsync of byte 0x40 writes into the workspace (bf16 0x4040 = 3.0 exactly;
+ *     times 3 is exact in fp32, the 1/3 costs one fp32 rounding). beta = 1 makes it "+=".
+ *   BGRADB (ctx->dbias_colsum = 0): the epilogue reduces the B operand (dout) over k = N
+ *     inside the weight-gradient matmul. It always WRITES its vector, so with accumulate it
+ *     writes into a scratch slot of the workspace and cublasLtMatrixTransform adds it
+ *     (dbias = 1*scratch + 1*dbias). If cuBLASLt offers no BGRADB algorithm, the plan falls
+ *     back to colsum.
+ *   Decided by measurement (tools/bench_matmul.c on the H200, cuBLASLt 13.1: time on top of
+ *   the DW matmul alone, accumulate on, wrapper and direct launches alternated):
+ *     d12 (N=65536)  qkv  BGRADB+add +0.154 ms, colsum +0.077 | attproj +0.058, +0.037
+ *                    fc   +0.115, +0.112                      | fcproj  +0.061, +0.034
+ *     d48 (N=16384)  qkv  +0.093, +0.068 | attproj +0.036, +0.025 | fc +0.110, +0.079
+ *                    fcproj -0.004, +0.032 (the one shape where BGRADB wins)
+ *   Per step: d12 4.7 ms (BGRADB) vs 3.1 ms (colsum); d48 11.3 vs 9.8 ms. BGRADB slows the
+ *   weight-gradient matmul itself (writing "=" without the add is no faster). colsum's extra
+ *   time is 54-92% efficient against reading dout once at the 4.28 TB/s copy bandwidth
+ *   (d12 qkv 0.077 ms vs a 0.071 ms floor, fc 0.112 vs 0.094; narrow OC = C shapes are
+ *   launch-bound), so a hand-written column-sum kernel could save at most ~0.6 ms per d12 step.
+ *
+ * GELU is cuBLASLt's, and it is the tanh form of GPT-2 (tests/test_matmul.c projects the GPU
+ * error onto the erf-minus-tanh difference: t = -0.01..0.06 for GELU and DGELU on the 37- and
+ * 111-row cases, -0.32 on the noisier 1-row DGELU case; the erf form would give 1). DGELU's aux is an INPUT of D's shape (the forward pre-activation), the
+ * derivative multiplies the fp32 matmul result before the bf16 rounding. Accumulation is fp32
+ * (CUBLAS_COMPUTE_32F), alpha = 1.
  *
  * Preconditions checked (failures name the shape and the value): IC and OC multiples of 8 (every
  * leading dimension, aux's included, is IC or OC bf16 elements: 16 bytes), N >= 1; at run time
- * every pointer 16-byte aligned (ctx->align_bytes, or what was asked for), required pointers
- * non-NULL, workspace non-NULL when the plan needs one.
+ * every data pointer 16-byte aligned (ctx->align_bytes; the plan keeps only algorithms whose
+ * own minimum alignments that meets), required pointers non-NULL, the workspace 256-byte
+ * aligned (NG_MATMUL_WORKSPACE_ALIGN) and non-NULL when the plan needs one.
  *
  * One plan per call site: ng_matmul_run() writes the bias/aux pointers into the plan's
  * descriptor, so one plan must not run concurrently from two host threads.
@@ -60,6 +82,10 @@ extern "C" {
 #endif
 
 /* Shared by every plan of a run. */
+/* The caller's workspace pointer must be aligned to this (the arena's alignment): cuBLAS(Lt)
+ * rejects a less aligned workspace. */
+#define NG_MATMUL_WORKSPACE_ALIGN 256
+
 struct ng_matmul_ctx {
 	cublasLtHandle_t lt;       /* the cuBLASLt handle */
 	size_t workspace_bytes;    /* the most workspace one matmul may ask for (heuristic limit) */
@@ -67,6 +93,8 @@ struct ng_matmul_ctx {
 	                            * heuristic only offers algorithms that work with it */
 	int tune_candidates;       /* autotune: heuristic candidates timed (1..8) */
 	int tune_reps;             /* autotune: timed repetitions per candidate (median kept) */
+	int dbias_colsum;          /* DW + bias: 1 = a separate column-sum matmul instead of the
+	                            * BGRADB epilogue (0 by default; see "Bias gradient") */
 };
 
 enum ng_matmul_kind {
@@ -97,6 +125,12 @@ struct ng_matmul {
 	cublasLtMatrixTransformDesc_t add;/* DW + bias + accumulate: dbias += scratch; else NULL */
 	cublasLtMatrixLayout_t vec;       /* layout of dbias / its scratch (OC, 1) fp32; or NULL */
 	size_t algo_ws;                   /* workspace bytes the algorithm uses (front of ws) */
+	int colsum;                       /* DW + bias by the column-sum matmul below */
+	cublasLtMatmulDesc_t sdesc;       /* colsum: dbias (OC,1) (+)= 1/3 dout^T (OC,N) @ 3s (N,1) */
+	cublasLtMatrixLayout_t sa, sb, sd;/* colsum: layouts of dout, the 3s vector, dbias */
+	cublasLtMatmulAlgo_t salgo;       /* colsum: its algorithm (heuristic's first) */
+	size_t salgo_ws;                  /* colsum: its workspace bytes (front of ws) */
+	size_t threes_off;                /* colsum: offset of the N bf16 3.0s in the workspace */
 	size_t scratch_off;               /* offset of the dbias scratch in the workspace */
 	size_t workspace_need;            /* bytes the caller's workspace must have */
 	unsigned align_bytes;             /* pointer alignment checked at run */
@@ -108,7 +142,7 @@ struct ng_matmul {
 };
 
 /* Create the cuBLASLt handle. workspace_bytes: the most one matmul may use (32 MiB is plenty on
- * Hopper). Defaults: align 16, autotune 8 candidates x 5 repetitions. */
+ * Hopper). Defaults: align 16, autotune 8 candidates x 10 repetitions, dbias_colsum 1. */
 enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_bytes);
 void ng_matmul_ctx_free(struct ng_matmul_ctx *ctx);
 
@@ -125,8 +159,8 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
  *   DINP  dinp (N,IC) bf16 dout (N,OC) bf16  W (OC,IC) bf16   -          (N,IC) bf16 r  -
  *   DW    dW (OC,IC) fp32  dout (N,OC) bf16  inp (N,IC) bf16  -          -           (OC) fp32
  * "-": ignored, pass NULL. bias / aux / dbias are required exactly when spec.bias / spec.gelu
- * ask for them. workspace: device memory of mm->workspace_need bytes (may be NULL when 0), not
- * used by anything else running concurrently. */
+ * ask for them. workspace: device memory of mm->workspace_need bytes, NG_MATMUL_WORKSPACE_ALIGN-
+ * aligned (may be NULL when the need is 0), not used by anything else running concurrently. */
 enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *a, const void *b,
 			     const void *bias, void *aux, void *dbias, void *workspace,
 			     cudaStream_t s);

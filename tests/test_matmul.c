@@ -39,6 +39,7 @@ struct mm_case {
 	int offset;      /* bytes added to every device pointer (0 or 16) */
 	double mean;     /* mean of the activation inputs (large-mean case) */
 	int determinism; /* run the whole case twice, compare the output bytes */
+	int colsum;      /* DW bias: 1 the column-sum matmul, 0 the BGRADB epilogue */
 };
 
 static float bf16_to_f32_(ng_bf16 h)
@@ -171,6 +172,7 @@ static void reference_(struct host_ *h, const struct mm_case *c)
 	} else if (c->kind == NG_MATMUL_DINP) {
 		memset(h->ref, 0, N * IC * sizeof(double));
 		ng_ref_matmul_bwd(h->ref, NULL, NULL, h->ad, NULL, h->bd, c->N, c->IC, c->OC);
+		memcpy(h->ref_aux, h->ref, N * IC * sizeof(double)); /* dout @ W, for gelu_form_ */
 		if (c->gelu)
 			ng_ref_gelu_bwd(h->ref, h->auxd, h->ref, N * IC);
 		float *acc = calloc(IC, sizeof(float));
@@ -209,6 +211,28 @@ static void reference_(struct host_ *h, const struct mm_case *c)
 		}
 		free(acc);
 	}
+}
+
+/* Which GELU did cuBLASLt apply? With e = erf-form minus tanh-form reference, the projection
+ * t = sum((gpu - tanh_ref) * e) / sum(e^2) is ~0 for the tanh form and ~1 for the erf form
+ * (bf16 rounding noise averages out over the elements). pre: pre-activations (FWD) or aux
+ * (DINP); g: NULL (FWD) or dout @ W (DINP). */
+static void gelu_form_(const double *pre, const double *g, const double *ref, const float *gpu,
+		       size_t n, uint64_t seed)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		double x = pre[i], phi = 0.5 * (1.0 + erf(x / sqrt(2.0)));
+		double e = g ? g[i] * (phi + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI)) - ref[i]
+			     : x * phi - ref[i];
+		num += ((double)gpu[i] - ref[i]) * e;
+		den += e * e;
+	}
+	double t = num / den;
+	cr_log_info("%s: GELU form projection t = %.3f (0: tanh form, 1: erf form)",
+		    g ? "DGELU" : "GELU", t);
+	cr_expect(t < 0.5, "%s looks like the erf GELU, not the tanh form: t = %.3f (seed %llu)",
+		  g ? "DGELU" : "GELU", t, (unsigned long long)seed);
 }
 
 static void run_case_(const struct mm_case *c)
@@ -254,13 +278,18 @@ static void run_case_(const struct mm_case *c)
 	struct ng_matmul_spec sp = {c->kind, c->N, c->IC, c->OC, c->gelu, c->bias, c->accumulate,
 				    c->autotune};
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
+	ctx.dbias_colsum = c->colsum;
 	cr_assert(!ng_matmul_plan(&mm, &ctx, &sp), "%s", ng_error_message());
+	if (dw && c->bias)
+		cr_log_info("DW N=%d IC=%d OC=%d acc %d: bias gradient by %s", c->N, c->IC, c->OC,
+			    c->accumulate, mm.colsum ? "column-sum matmul" : "BGRADB");
 
 	void *ba, *bb, *bout, *bbias, *baux, *bdb, *bws;
 	void *da = dev_(&ba, a_n * 2, c->offset), *db = dev_(&bb, b_n * 2, c->offset);
 	void *dout = dev_(&bout, out_n * out_es, c->offset);
 	void *dbias = dev_(&bbias, OC * 2, c->offset), *daux = dev_(&baux, aux_n * 2 + 16, c->offset);
-	void *ddb = dev_(&bdb, OC * 4, c->offset), *dws = dev_(&bws, mm.workspace_need, c->offset);
+	/* the workspace stays 256-aligned: it comes from the arena (NG_MATMUL_WORKSPACE_ALIGN) */
+	void *ddb = dev_(&bdb, OC * 4, c->offset), *dws = dev_(&bws, mm.workspace_need, 0);
 	ng_bf16 *tmp = malloc(out_n * 2), *auxo = malloc(aux_n * 2 + 2);
 	void *prev = malloc(out_n * out_es), *again = malloc(out_n * out_es);
 	float *prev_db = malloc(OC * 4), *again_db = malloc(OC * 4);
@@ -336,7 +365,10 @@ static void run_case_(const struct mm_case *c)
 			for (size_t i = 0; i < aux_n; i++)
 				h.gpu_aux[i] = bf16_to_f32_(auxo[i]);
 			expect_close_("aux", h.ref_aux, h.nv_aux, h.gpu_aux, aux_n, 1, seed, c);
+			gelu_form_(h.ref_aux, NULL, h.ref, h.gpu, out_n, seed);
 		}
+		if (c->kind == NG_MATMUL_DINP && c->gelu)
+			gelu_form_(h.auxd, h.ref_aux, h.ref, h.gpu, out_n, seed);
 	} else {
 		expect_close_("dW", h.ref, h.nv, h.gpu, out_n, 0, seed, c);
 		if (c->bias)
@@ -358,21 +390,23 @@ static void run_case_(const struct mm_case *c)
 
 #define C776 776
 #define VP 50304
-/*                                     kind          N    IC     OC  gelu bias acc tune calls off mean det */
-Test(matmul, fwd_bias_n1) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 0, 1, 0, 0.0, 0}); }
-Test(matmul, fwd_gelu_bias_large_mean) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, 4 * C776, 1, 1, 0, 0, 1, 0, 3.0, 1}); }
-Test(matmul, fwd_gelu_bias_offset16) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 0, 1, 16, 0.0, 0}); }
-Test(matmul, fwd_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0}); }
-Test(matmul, fwd_gelu_autotune) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 64, 256, 1024, 1, 0, 0, 1, 1, 0, 0.0, 0}); }
-Test(matmul, dinp_plain) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, C776, 3 * C776, 0, 0, 0, 0, 1, 0, 0.0, 0}); }
-Test(matmul, dinp_dgelu) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1}); }
-Test(matmul, dinp_dgelu_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 0}); }
-Test(matmul, dinp_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0}); }
-Test(matmul, dw_bias_accumulate) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 0, 2, 0, 0.0, 1}); }
-Test(matmul, dw_bias_accumulate_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, C776, 4 * C776, 0, 1, 1, 0, 2, 0, 0.0, 0}); }
-Test(matmul, dw_bias_accumulate_offset16_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 96, 4 * C776, C776, 0, 1, 1, 1, 2, 16, 1.0, 0}); }
-Test(matmul, dw_head_accumulate_vp) { run_case_(&(struct mm_case){NG_MATMUL_DW, 24, C776, VP, 0, 0, 1, 0, 2, 0, 0.0, 0}); }
-Test(matmul, dw_bias_overwrite) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, 4 * C776, C776, 0, 1, 0, 0, 2, 0, 0.0, 0}); }
+/*                                     kind          N    IC     OC  gelu bias acc tune calls off mean det colsum */
+Test(matmul, fwd_bias_n1) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 0, 1, 0, 0.0, 0, 0}); }
+Test(matmul, fwd_gelu_bias_large_mean) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, 4 * C776, 1, 1, 0, 0, 1, 0, 3.0, 1, 0}); }
+Test(matmul, fwd_gelu_bias_offset16) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 0, 1, 16, 0.0, 0, 0}); }
+Test(matmul, fwd_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
+Test(matmul, fwd_gelu_autotune) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 64, 256, 1024, 1, 0, 0, 1, 1, 0, 0.0, 0, 0}); }
+Test(matmul, dinp_plain) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, C776, 3 * C776, 0, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
+Test(matmul, dinp_dgelu) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1, 0}); }
+Test(matmul, dinp_dgelu_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
+Test(matmul, dinp_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
+Test(matmul, dw_bias_accumulate) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 0, 2, 0, 0.0, 1, 0}); }
+Test(matmul, dw_bias_accumulate_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, C776, 4 * C776, 0, 1, 1, 0, 2, 0, 0.0, 0, 0}); }
+Test(matmul, dw_bias_accumulate_offset16_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 96, 4 * C776, C776, 0, 1, 1, 1, 2, 16, 1.0, 0, 0}); }
+Test(matmul, dw_head_accumulate_vp) { run_case_(&(struct mm_case){NG_MATMUL_DW, 24, C776, VP, 0, 0, 1, 0, 2, 0, 0.0, 0, 0}); }
+Test(matmul, dw_colsum_accumulate_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 1, 2, 0, 0.0, 1, 1}); }
+Test(matmul, dw_colsum_overwrite_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, 4 * C776, C776, 0, 1, 0, 0, 2, 16, 0.0, 0, 1}); }
+Test(matmul, dw_bias_overwrite) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, 4 * C776, C776, 0, 1, 0, 0, 2, 0, 0.0, 0, 0}); }
 
 Test(matmul, bad_inputs_fail_cleanly)
 {
@@ -398,6 +432,14 @@ Test(matmul, bad_inputs_fail_cleanly)
 		  ng_error_message());
 	ng_clear_error();
 	cr_expect_eq(ng_matmul_run(&mm, p, p, p, NULL, NULL, NULL, p, 0), NG_ERR_INPUT); /* bias */
+	ng_clear_error();
+	ng_matmul_free(&mm);
+	struct ng_matmul_spec dwb = {NG_MATMUL_DW, 4, 768, 768, 0, 1, 1, 0};
+	cr_assert(!ng_matmul_plan(&mm, &ctx, &dwb), "%s", ng_error_message());
+	cr_assert(mm.workspace_need > 0); /* colsum's 3.0 vector lives there */
+	cr_expect_eq(ng_matmul_run(&mm, p, p, p, NULL, NULL, p, (char *)p + 16, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "workspace") != NULL, "message: %s",
+		  ng_error_message());
 	ng_clear_error();
 	cudaFree(p);
 	ng_matmul_free(&mm);

@@ -1,0 +1,302 @@
+/*
+ * tools/bench_matmul.c — times every matmul of the GPT-2 step (kernels/matmul.h) at the d12
+ * (B=64, T=1024, C=768) and d48 (B=16, T=1024, C=1600) shapes, Vp = 50304.
+ *
+ * For each matmul, planned with the heuristic's first choice and again with autotune, it times
+ * the wrapper (ng_matmul_run) and the same cuBLASLt call(s) made directly (same descriptor,
+ * layouts, algorithm, buffers and workspace; plus the same bias-gradient call after it),
+ * alternating launch by launch, each launch bracketed by CUDA events, the launches back to back
+ * (no host sync between them, as in a replayed graph). It prints
+ * the median ms, TFLOP/s, the wrapper/direct ratio (issue 5's target: <= 1.05), the per-step
+ * GEMM total, and what the BGRADB bias gradient costs next to a separate column-sum kernel
+ * estimated at the 4.28 TB/s copy bandwidth of ../shared/GPU.md.
+ *
+ * Usage: bench_matmul [reps]   (default 30 launches of each, wrapper and direct)
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/check.h"
+#include "kernels/matmul.h"
+#include "util/rng.h"
+
+#define BENCH_MAX_REPS 200
+#define BENCH_COPY_BW 4.28e12 /* bytes/s, device-to-device copy ceiling on the H200 */
+
+/* One configuration's device buffers, sized for its largest matmul. */
+struct bench_bufs {
+	void *a;    /* activations / dout: N * Vp bf16 */
+	void *b;    /* weights or inp: max(Vp*C, N*4C) bf16 */
+	void *out;  /* outputs: max(N*Vp*2, Vp*C*4) bytes */
+	void *aux;  /* GELU aux: N * 4C bf16 */
+	void *bias; /* bias (bf16) / dbias (fp32): Vp fp32 */
+	void *ws;   /* workspace: ctx limit + dbias scratch */
+};
+
+/* One matmul of the step. */
+struct bench_mm {
+	const char *name;        /* layer name */
+	struct ng_matmul_spec s; /* its spec (autotune set per run) */
+	int per_step;            /* how many times per step (L for per-layer matmuls, 1 for head) */
+};
+
+static int cmp_f_(const void *x, const void *y)
+{
+	float a = *(const float *)x, b = *(const float *)y;
+	return (a > b) - (a < b);
+}
+
+static int fill_(void *dst, size_t bytes, const void *chunk, size_t chunk_bytes)
+{
+	for (size_t off = 0; off < bytes; off += chunk_bytes) {
+		size_t n = bytes - off < chunk_bytes ? bytes - off : chunk_bytes;
+		if (NG_CUDA_CHECK(cudaMemcpy((char *)dst + off, chunk, n, cudaMemcpyHostToDevice)))
+			return 1;
+	}
+	return 0;
+}
+
+/* The direct calls, mirroring ng_matmul_run without its checks and attribute writes. */
+static int direct_(const struct ng_matmul *mm, const struct bench_bufs *bb, cudaStream_t s)
+{
+	const float one = 1.0f;
+	if (cublasLtMatmul(mm->lt, mm->desc, &one, bb->b, mm->a, bb->a, mm->b, &mm->beta, bb->out,
+			   mm->c, bb->out, mm->d, &mm->algo, mm->algo_ws ? bb->ws : NULL,
+			   mm->algo_ws, s) != CUBLAS_STATUS_SUCCESS)
+		return 1;
+	if (mm->colsum) {
+		const float third = 1.0f / 3.0f;
+		void *v = (char *)bb->ws + mm->threes_off;
+		if (cudaMemsetAsync(v, 0x40, (size_t)mm->spec.N * 2, s) != cudaSuccess ||
+		    cublasLtMatmul(mm->lt, mm->sdesc, &third, bb->a, mm->sa, v, mm->sb, &mm->beta,
+				   bb->bias, mm->sd, bb->bias, mm->sd, &mm->salgo,
+				   mm->salgo_ws ? bb->ws : NULL, mm->salgo_ws,
+				   s) != CUBLAS_STATUS_SUCCESS)
+			return 1;
+	}
+	if (mm->add && cublasLtMatrixTransform(mm->lt, mm->add, &one,
+					       (const char *)bb->ws + mm->scratch_off, mm->vec,
+					       &one, bb->bias, mm->vec, bb->bias, mm->vec,
+					       s) != CUBLAS_STATUS_SUCCESS)
+		return 1;
+	return 0;
+}
+
+static int wrapper_(const struct ng_matmul *mm, const struct bench_bufs *bb, cudaStream_t s)
+{
+	return ng_matmul_run(mm, bb->out, bb->a, bb->b, bb->bias, bb->aux, bb->bias, bb->ws, s) !=
+	       NG_OK;
+}
+
+/* Median ms of the wrapper and of the direct calls: 2 * reps launches back to back,
+ * alternating wrapper / direct so both see the same clocks, each between two CUDA events. */
+static int time_plan_(const struct ng_matmul *mm, const struct bench_bufs *bb, int reps,
+		      cudaEvent_t *ev, float *wms, float *dms)
+{
+	float tw[BENCH_MAX_REPS], td[BENCH_MAX_REPS];
+	for (int r = 0; r < 6; r++) /* warm-up */
+		if ((r & 1) ? direct_(mm, bb, 0) : wrapper_(mm, bb, 0))
+			return 1;
+	for (int r = 0; r < 2 * reps; r++) {
+		cudaEventRecord(ev[r], 0);
+		if ((r & 1) ? direct_(mm, bb, 0) : wrapper_(mm, bb, 0))
+			return 1;
+	}
+	cudaEventRecord(ev[2 * reps], 0);
+	if (NG_CUDA_CHECK(cudaEventSynchronize(ev[2 * reps])))
+		return 1;
+	for (int r = 0; r < 2 * reps; r++)
+		cudaEventElapsedTime((r & 1) ? &td[r / 2] : &tw[r / 2], ev[r], ev[r + 1]);
+	qsort(tw, (size_t)reps, sizeof(float), cmp_f_);
+	qsort(td, (size_t)reps, sizeof(float), cmp_f_);
+	*wms = tw[reps / 2];
+	*dms = td[reps / 2];
+	return 0;
+}
+
+static const char *epi_name_(const struct ng_matmul_spec *s, int colsum)
+{
+	if (s->kind == NG_MATMUL_FWD)
+		return s->gelu ? "GELU_AUX_BIAS" : s->bias ? "BIAS" : "-";
+	if (s->kind == NG_MATMUL_DINP)
+		return s->gelu ? "DGELU" : "-";
+	return !s->bias ? "-" : colsum ? "colsum" : "BGRADB+add";
+}
+
+static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int T, int C, int L,
+			 int Vp, int reps, cudaEvent_t *ev)
+{
+	const int N = B * T;
+	const char *kn[3] = {"FWD", "DINP", "DW"};
+	struct bench_mm mms[15];
+	int nm = 0;
+	struct { const char *name; int IC, OC, gelu, bias, per; } lin[5] = {
+		{"qkv", C, 3 * C, 0, 1, L},     {"attproj", C, C, 0, 1, L},
+		{"fc", C, 4 * C, 1, 1, L},      {"fcproj", 4 * C, C, 0, 1, L},
+		{"head", C, Vp, 0, 0, 1}};
+	for (int i = 0; i < 5; i++) {
+		struct ng_matmul_spec f = {NG_MATMUL_FWD, N, lin[i].IC, lin[i].OC, lin[i].gelu,
+					   lin[i].bias, 0, 0};
+		/* DGELU belongs to the layer whose INPUT is a GELU output: fcproj */
+		struct ng_matmul_spec d = {NG_MATMUL_DINP, N, lin[i].IC, lin[i].OC,
+					   i == 3, 0, 0, 0};
+		struct ng_matmul_spec w = {NG_MATMUL_DW, N, lin[i].IC, lin[i].OC, 0, lin[i].bias, 1,
+					   0};
+		mms[nm++] = (struct bench_mm){lin[i].name, f, lin[i].per};
+		mms[nm++] = (struct bench_mm){lin[i].name, d, lin[i].per};
+		mms[nm++] = (struct bench_mm){lin[i].name, w, lin[i].per};
+	}
+
+	struct bench_bufs bb = {0};
+	size_t chunk_bytes = (size_t)64 << 20;
+	size_t a_bytes = (size_t)N * Vp * 2;
+	size_t b_bytes = (size_t)Vp * C * 2 > (size_t)N * 4 * C * 2 ? (size_t)Vp * C * 2
+								      : (size_t)N * 4 * C * 2;
+	size_t o_bytes = (size_t)N * Vp * 2 > (size_t)Vp * C * 4 ? (size_t)N * Vp * 2
+								  : (size_t)Vp * C * 4;
+	size_t x_bytes = (size_t)N * 4 * C * 2;
+	uint16_t *chunk = malloc(chunk_bytes);
+	struct ng_rng rng;
+	ng_rng_seed(&rng, 1234);
+	for (size_t i = 0; i < chunk_bytes / 2; i++) { /* bf16 of N(0, 0.5): top half of fp32 */
+		float f = (float)(0.5 * ng_rng_normal(&rng));
+		uint32_t u;
+		memcpy(&u, &f, 4);
+		chunk[i] = (uint16_t)(u >> 16);
+	}
+	int rc = 1;
+	if (NG_CUDA_CHECK(cudaMalloc(&bb.a, a_bytes)) || NG_CUDA_CHECK(cudaMalloc(&bb.b, b_bytes)) ||
+	    NG_CUDA_CHECK(cudaMalloc(&bb.out, o_bytes)) || NG_CUDA_CHECK(cudaMalloc(&bb.aux, x_bytes)) ||
+	    NG_CUDA_CHECK(cudaMalloc(&bb.bias, (size_t)Vp * 4)) ||
+	    NG_CUDA_CHECK(cudaMalloc(&bb.ws, ctx->workspace_bytes + 256 + (size_t)Vp * 4)))
+		goto out_free;
+	if (fill_(bb.a, a_bytes, chunk, chunk_bytes) || fill_(bb.b, b_bytes, chunk, chunk_bytes) ||
+	    fill_(bb.out, o_bytes, chunk, chunk_bytes) || fill_(bb.aux, x_bytes, chunk, chunk_bytes) ||
+	    fill_(bb.bias, (size_t)Vp * 4, chunk, chunk_bytes))
+		goto out_free;
+
+	printf("\n== %s: B=%d T=%d C=%d L=%d Vp=%d (N=%d), median of %d launches each ==\n", cfg,
+	       B, T, C, L, Vp, N, reps);
+	printf("%-8s %-4s %6s %6s %6s %-13s | %-9s %9s %9s %7s %6s | %-7s %9s %7s %6s\n", "layer",
+	       "kind", "N", "IC", "OC", "epilogue", "heur: ws", "wrap ms", "direct", "TFLOP/s",
+	       "ratio", "tuned:", "wrap ms", "TFLOP/s", "ratio");
+	double step_ms[2] = {0, 0}, worst_ratio = 0;
+	for (int i = 0; i < nm; i++) {
+		float wms[2], dms[2];
+		size_t ws[2];
+		int chosen = 0, cands = 0, colsum = 0;
+		for (int tune = 0; tune < 2; tune++) {
+			struct ng_matmul mm;
+			struct ng_matmul_spec s = mms[i].s;
+			s.autotune = tune;
+			if (ng_matmul_plan(&mm, ctx, &s))
+				goto out_free;
+			if (mm.workspace_need > ctx->workspace_bytes + 256 + (size_t)Vp * 4) {
+				fprintf(stderr, "workspace need %zu too large\n", mm.workspace_need);
+				ng_matmul_free(&mm);
+				goto out_free;
+			}
+			ws[tune] = mm.workspace_need;
+			chosen = mm.chosen;
+			colsum = mm.colsum;
+			cands = mm.n_candidates;
+			int bad = time_plan_(&mm, &bb, reps, ev, &wms[tune], &dms[tune]);
+			ng_matmul_free(&mm);
+			if (bad) {
+				if (!ng_error_message()[0])
+					ng_fail(NG_ERR_RUNTIME, "%s %s: a timed launch failed", cfg,
+						mms[i].name);
+				goto out_free;
+			}
+			step_ms[tune] += wms[tune] * mms[i].per_step;
+			double r = wms[tune] / dms[tune];
+			if (r > worst_ratio)
+				worst_ratio = r;
+		}
+		double fl = ng_matmul_flops(&mms[i].s);
+		printf("%-8s %-4s %6d %6d %6d %-13s | %7.1fM %9.4f %9.4f %7.1f %6.3f | #%d/%-4d %9.4f "
+		       "%7.1f %6.3f\n", mms[i].name, kn[mms[i].s.kind], N, mms[i].s.IC, mms[i].s.OC,
+		       epi_name_(&mms[i].s, colsum), ws[0] / 1048576.0, wms[0], dms[0],
+		       fl / (wms[0] * 1e-3) / 1e12, wms[0] / dms[0], chosen, cands, wms[1],
+		       fl / (wms[1] * 1e-3) / 1e12, wms[1] / dms[1]);
+	}
+	printf("%s: GEMM time per step (all micro-batch matmuls, wrapper): heuristic %.2f ms, "
+	       "autotuned %.2f ms; worst wrapper/direct ratio %.3f\n", cfg, step_ms[0], step_ms[1],
+	       worst_ratio);
+
+	/* Bias gradient: BGRADB (+ the scratch add) against the DW matmul alone, and against a
+	 * separate column-sum kernel that reads dout once at copy bandwidth (an estimate). */
+	for (int i = 0; i < nm; i++) {
+		if (mms[i].s.kind != NG_MATMUL_DW || !mms[i].s.bias)
+			continue;
+		float w[4], d[4];
+		int used_colsum[4];
+		struct ng_matmul_spec v[4] = {mms[i].s, mms[i].s, mms[i].s, mms[i].s};
+		v[1].bias = 0;                       /* no bias gradient at all */
+		v[2].accumulate = 0;                 /* BGRADB straight into dbias, no add */
+		int keep = ctx->dbias_colsum;
+		for (int j = 0; j < 4; j++) {        /* j = 3: the column-sum matmul */
+			struct ng_matmul mm;
+			ctx->dbias_colsum = j == 3;
+			enum ng_status pst = ng_matmul_plan(&mm, ctx, &v[j]);
+			ctx->dbias_colsum = keep;
+			if (pst)
+				goto out_free;
+			used_colsum[j] = mm.colsum;
+			int bad = time_plan_(&mm, &bb, reps, ev, &w[j], &d[j]);
+			ng_matmul_free(&mm);
+			if (bad)
+				goto out_free;
+		}
+		double sep_ms = ((double)N * mms[i].s.OC * 2 + mms[i].s.OC * 8.0) / BENCH_COPY_BW * 1e3;
+		printf("%s %-8s DW bias grad (+=): %s %.4f ms, colsum matmul %.4f ms, DW alone %.4f "
+		       "ms -> BGRADB costs %+.4f ms, colsum %+.4f ms; %s(=) %.4f ms; a column-sum "
+		       "kernel at copy bandwidth >= %.4f ms\n", cfg, mms[i].name,
+		       used_colsum[0] ? "colsum(fallback)" : "BGRADB+add", w[0], w[3], w[1],
+		       w[0] - w[1], w[3] - w[1], used_colsum[2] ? "colsum" : "BGRADB", w[2], sep_ms);
+	}
+	rc = 0;
+out_free:
+	if (rc)
+		ng_print_error();
+	void *p[6] = {bb.a, bb.b, bb.out, bb.aux, bb.bias, bb.ws};
+	for (int i = 0; i < 6; i++)
+		if (p[i])
+			cudaFree(p[i]);
+	free(chunk);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	int reps = argc > 1 ? atoi(argv[1]) : 30;
+	setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout kill */
+	if (reps < 1 || reps > BENCH_MAX_REPS) {
+		fprintf(stderr, "bench_matmul: reps must be 1..%d\n", BENCH_MAX_REPS);
+		return 2;
+	}
+	if (ng_cuda_device_count() == 0) {
+		fprintf(stderr, "bench_matmul: no CUDA device\n");
+		return 1;
+	}
+	struct ng_matmul_ctx ctx;
+	cudaEvent_t ev[2 * BENCH_MAX_REPS + 1];
+	if (ng_matmul_ctx_init(&ctx, (size_t)32 << 20)) {
+		ng_print_error();
+		return 1;
+	}
+	for (int i = 0; i <= 2 * reps; i++)
+		if (NG_CUDA_CHECK(cudaEventCreate(&ev[i]))) {
+			ng_print_error();
+			return 1;
+		}
+	int rc = bench_config_(&ctx, "d12", 64, 1024, 768, 12, 50304, reps, ev);
+	if (!rc)
+		rc = bench_config_(&ctx, "d48", 16, 1024, 1600, 48, 50304, reps, ev);
+	for (int i = 0; i <= 2 * reps; i++)
+		cudaEventDestroy(ev[i]);
+	ng_matmul_ctx_free(&ctx);
+	return rc;
+}
