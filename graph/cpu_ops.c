@@ -356,6 +356,7 @@ void ng_ref_fd_compare(struct ng_ref_fd_result *res, double (*f)(void *ctx), voi
 		       double floor)
 {
 	res->max_rel = 0.0;
+	res->max_rel_big = 0.0;
 	res->max_abs = 0.0;
 	res->worst_index = 0;
 	res->analytic = 0.0;
@@ -369,6 +370,8 @@ void ng_ref_fd_compare(struct ng_ref_fd_result *res, double (*f)(void *ctx), voi
 		double den = fmax(fmax(fabs(a), fabs(n)), floor);
 		if (err > res->max_abs)
 			res->max_abs = err;
+		if (den > floor && err / den > res->max_rel_big)
+			res->max_rel_big = err / den;
 		if (err / den > res->max_rel || k == 0) {
 			res->max_rel = err / den;
 			res->worst_index = i;

@@ -74,6 +74,7 @@ struct ng_ref_fd_result {
 	size_t worst_index; /* element (into x) where max_rel occurred */
 	double analytic;    /* a at the worst element */
 	double numeric;     /* n at the worst element */
+	double max_rel_big; /* largest |a - n| / max(|a|, |n|) where that max is >= floor */
 	size_t count;       /* elements checked */
 };
 /* Compare analytic[i] with the finite-difference derivative of f with respect to x[i], for i in

@@ -17,8 +17,8 @@
 #include "graph/cpu_ops.h"
 #include "util/rng.h"
 
-#define FD_H 1e-4      /* step: truncation O(h^4) ~ 1e-16, rounding ~ 1e-12 |f| */
-#define FD_FLOOR 1e-6  /* gradients below this are compared absolutely (scaled by 1/floor) */
+#define FD_H 1e-3      /* step: truncation O(h^4) ~ 1e-13, rounding ~ 1e-16 |f| / h */
+#define FD_FLOOR 1e-5  /* gradients below this are held to an absolute 1e-11 (FD noise level) */
 #define FD_TOL 1e-6    /* relative error allowed per element */
 
 static uint64_t seed_;
