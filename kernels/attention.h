@@ -41,7 +41,7 @@ enum ng_attention_backend {
 };
 
 /* Most descriptors one cuDNN operation graph keeps alive (tensors + ops + graph + plan). */
-#define NG_ATTENTION_MAX_DESCS 96
+#define NG_ATTENTION_MAX_DESCS 192
 
 /* One finalized cuDNN execution plan and every descriptor it was built from. */
 struct ng_attention_cudnn_plan_ {
@@ -69,7 +69,9 @@ struct ng_attention {
 	size_t bwd_ws;                   /* backward workspace bytes */
 	size_t bwd_sum_off;              /* bwd workspace: softmax_sum / row dots (B,H,T) fp32 */
 	size_t bwd_accum_off;            /* bwd workspace: cuDNN dQ_accum (B,H,T,D) fp32, or 0 */
+	size_t bwd_seq_off;              /* bwd workspace: 2 x B int32 sequence lengths, or 0 */
 	size_t bwd_cudnn_off;            /* bwd workspace: cuDNN's own scratch */
+	int bwd_seqlen;                  /* 1: cuDNN backward with the padding-mask workaround */
 	char reason[384];                /* why a fallback to the naive kernels was taken ("" none) */
 	char text[768];                  /* ng_attention_describe's line */
 };
@@ -105,6 +107,8 @@ cudaError_t ng_attention_naive_fwd_(ng_bf16 *out, float *lse, const ng_bf16 *qkv
 cudaError_t ng_attention_naive_bwd_(ng_bf16 *dqkv, float *rowdot, const ng_bf16 *dout,
 				       const ng_bf16 *qkv, const ng_bf16 *out, const float *lse,
 				       int B, int H, int T, int D, cudaStream_t s);
+/* p[0..n) = v (the sequence lengths of the cuDNN padding-mask workaround). */
+cudaError_t ng_attention_fill_i32_(int *p, int n, int v, cudaStream_t s);
 
 #ifdef __cplusplus
 }

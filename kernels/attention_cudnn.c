@@ -12,6 +12,10 @@
  *   backward (22 ops, 21 deterministic): softmax_sum = Σ dO·O; P = exp(mask(Q Kᵀ · scale -
  *     Stats)); dV = Pᵀ dO; dS = P (dO Vᵀ - softmax_sum) · scale; dK = dSᵀ Q; dQ = dS K (through
  *     an fp32 dQ_accum in the workspace, or written directly in the deterministic variant).
+ * cuDNN <= 9.15.0 backward reads out of bounds (under graph replay) when T is not a multiple of
+ * 128; as cudnn-frontend does there, the backward graph then describes the batch as padded
+ * sequences whose lengths are all T (a padding mask, GEMM size overrides, int32 lengths in the
+ * workspace). If no engine takes that graph, the naive backward runs, decided at plan time.
  * Tensors are logically [B, H, T, D]; the fused QKV layout (B, T, 3, H, D) lives in the strides,
  * so no permutes are needed. K (and V in the backward) enter as transposed views [B, H, D, T].
  *
@@ -39,8 +43,11 @@
 /* Unique ids of the tensors the caller provides (virtual tensors count up from UID_VIRTUAL). */
 enum {
 	UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_MASK, UID_DO, UID_DQ, UID_DK,
-	UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM, UID_ONE, UID_VIRTUAL = 100,
+	UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM, UID_ONE, UID_SEQ_Q, UID_SEQ_KV, UID_VIRTUAL = 100,
 };
+
+/* Most operations in one graph (the backward with the padding-mask workaround has 28). */
+#define MAX_OPS 40
 
 /* A tensor's dims and strides (always 4-D). */
 struct tshape {
@@ -52,7 +59,7 @@ struct tshape {
  * does nothing, and the builder reports what failed. */
 struct builder {
 	struct ng_attention_cudnn_plan_ *p; /* where the descriptors are kept */
-	cudnnBackendDescriptor_t ops[24];    /* the graph's operations, in order */
+	cudnnBackendDescriptor_t ops[MAX_OPS]; /* the graph's operations, in order */
 	int n_ops;                           /* used entries of ops */
 	int64_t next_uid;                    /* next virtual tensor id */
 	cudnnStatus_t st;                    /* first failure (SUCCESS while none) */
@@ -119,6 +126,8 @@ static cudnnBackendDescriptor_t tensor(struct builder *b, int64_t uid, cudnnData
 static void add_op(struct builder *b, cudnnBackendDescriptor_t op, const char *what)
 {
 	finalize(b, op, what);
+	if (!b->st && b->n_ops == MAX_OPS)
+		fail_at(b, CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, "operation table full");
 	if (!b->st)
 		b->ops[b->n_ops++] = op;
 }
@@ -163,8 +172,10 @@ static cudnnBackendDescriptor_t pw_new(struct builder *b, cudnnPointwiseMode_t m
 	return y;
 }
 
+/* c = a bm; m, n, k: optional int32 [B,1,1,1] tensors overriding the GEMM sizes per batch. */
 static void matmul(struct builder *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bm,
-		   cudnnBackendDescriptor_t c, const char *what)
+		   cudnnBackendDescriptor_t c, cudnnBackendDescriptor_t m, cudnnBackendDescriptor_t n,
+		   cudnnBackendDescriptor_t k, const char *what)
 {
 	cudnnBackendDescriptor_t mm = new_desc(b, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
 	cudnnDataType_t f = CUDNN_DATA_FLOAT;
@@ -175,6 +186,15 @@ static void matmul(struct builder *b, cudnnBackendDescriptor_t a, cudnnBackendDe
 	set(b, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bm, what);
 	set(b, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, what);
 	set(b, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, what);
+	if (m)
+		set(b, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC,
+		    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m, what);
+	if (n)
+		set(b, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC,
+		    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, what);
+	if (k)
+		set(b, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC,
+		    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k, what);
 	add_op(b, op, what);
 }
 
@@ -219,6 +239,30 @@ static cudnnBackendDescriptor_t causal_mask(struct builder *b, cudnnBackendDescr
 	return y;
 }
 
+/* The padding mask: keep x where row < seq_q[b] and col < seq_kv[b], else the mask value. Only
+ * the cuDNN <= 9.15.0 workaround uses it (every length is T), as cudnn-frontend does. */
+static cudnnBackendDescriptor_t padding_mask(struct builder *b, cudnnBackendDescriptor_t x,
+					     cudnnBackendDescriptor_t mask, cudnnBackendDescriptor_t sq,
+					     cudnnBackendDescriptor_t skv, const struct tshape *ss)
+{
+	cudnnBackendDescriptor_t lim[2] = {sq, skv}, in[2];
+	cudnnBackendDescriptor_t keep = tensor(b, 0, CUDNN_DATA_BOOLEAN, ss, 0);
+	for (int i = 0; i < 2; i++) { /* i = 0: rows (axis 2) vs seq_q, 1: columns vs seq_kv */
+		cudnnBackendDescriptor_t idx = tensor(b, 0, CUDNN_DATA_INT32, ss, 0);
+		in[i] = tensor(b, 0, CUDNN_DATA_BOOLEAN, ss, 0);
+		pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, idx, 2 + i,
+			  "padding index");
+		pointwise(b, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, idx, lim[i], NULL, in[i], 0,
+			  "index < length");
+	}
+	pointwise(b, CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, in[0], in[1], NULL, keep, 0,
+		  "padding and");
+	cudnnBackendDescriptor_t y = tensor(b, 0, CUDNN_DATA_FLOAT, ss, 0);
+	pointwise(b, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, mask, keep, y, 0,
+		  "padding select");
+	return y;
+}
+
 /* The shapes of one problem. */
 struct shapes {
 	struct tshape qkv;   /* Q, K, V, dQ, dK, dV: [B,H,T,D] inside (B,T,3,H,D) */
@@ -230,6 +274,7 @@ struct shapes {
 	struct tshape ss;    /* scores [B,H,T,T] */
 	struct tshape sst;   /* transposed scores */
 	struct tshape one;   /* by-value scalars [1,1,1,1] */
+	struct tshape seq;   /* per-batch sequence lengths [B,1,1,1] */
 };
 
 static void fill_shapes(struct shapes *s, int64_t B, int64_t H, int64_t T, int64_t D)
@@ -245,6 +290,7 @@ static void fill_shapes(struct shapes *s, int64_t B, int64_t H, int64_t T, int64
 		.ss = {{B, H, T, T}, {H * T * T, T * T, T, 1}},
 		.sst = {{B, H, T, T}, {H * T * T, T * T, 1, T}},
 		.one = {{1, 1, 1, 1}, {1, 1, 1, 1}},
+		.seq = {{B, 1, 1, 1}, {1, 1, 1, 1}},
 	};
 }
 
@@ -260,7 +306,7 @@ static void build_fwd(struct builder *b, const struct shapes *s)
 	cudnnBackendDescriptor_t mask = tensor(b, UID_MASK, f, &s->one, 1);
 
 	cudnnBackendDescriptor_t sc = tensor(b, 0, f, &s->ss, 0);
-	matmul(b, q, kt, sc, "fwd Q Kt");
+	matmul(b, q, kt, sc, NULL, NULL, NULL, "fwd Q Kt");
 	sc = pw_new(b, CUDNN_POINTWISE_MUL, sc, scale, f, &s->ss, "fwd scale");
 	sc = causal_mask(b, sc, mask, &s->ss);
 	cudnnBackendDescriptor_t mx = tensor(b, 0, f, &s->row, 0);
@@ -273,10 +319,11 @@ static void build_fwd(struct builder *b, const struct shapes *s)
 	pointwise(b, CUDNN_POINTWISE_ADD, f, mx, lg, NULL, stats, 0, "fwd stats");
 	cudnnBackendDescriptor_t p = tensor(b, 0, bf, &s->ss, 0); /* bf16: P V needs equal types */
 	pointwise(b, CUDNN_POINTWISE_DIV, f, e, sum, NULL, p, 0, "fwd P");
-	matmul(b, p, v, o, "fwd P V");
+	matmul(b, p, v, o, NULL, NULL, NULL, "fwd P V");
 }
 
-static void build_bwd(struct builder *b, const struct shapes *s, int deterministic)
+/* seqlen: add the padding mask and GEMM size overrides of the cuDNN <= 9.15.0 workaround. */
+static void build_bwd(struct builder *b, const struct shapes *s, int deterministic, int seqlen)
 {
 	cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
 	cudnnBackendDescriptor_t q = tensor(b, UID_Q, bf, &s->qkv, 0);
@@ -292,6 +339,11 @@ static void build_bwd(struct builder *b, const struct shapes *s, int determinist
 	cudnnBackendDescriptor_t dk = tensor(b, UID_DK, bf, &s->qkv, 0);
 	cudnnBackendDescriptor_t dv = tensor(b, UID_DV, bf, &s->qkv, 0);
 	cudnnBackendDescriptor_t ssum = tensor(b, UID_SOFTMAX_SUM, f, &s->row, 0);
+	cudnnBackendDescriptor_t sq = NULL, skv = NULL;
+	if (seqlen) {
+		sq = tensor(b, UID_SEQ_Q, CUDNN_DATA_INT32, &s->seq, 0);
+		skv = tensor(b, UID_SEQ_KV, CUDNN_DATA_INT32, &s->seq, 0);
+	}
 
 	/* softmax_sum = sum_d dO * O (times the constant 1) */
 	cudnnBackendDescriptor_t x = pw_new(b, CUDNN_POINTWISE_MUL, dout, o, f, &s->dodo, "bwd dO O");
@@ -300,33 +352,35 @@ static void build_bwd(struct builder *b, const struct shapes *s, int determinist
 	pointwise(b, CUDNN_POINTWISE_MUL, f, xs, one, NULL, ssum, 0, "bwd softmax_sum");
 	/* P = exp(mask(Q Kt * scale - Stats)) */
 	cudnnBackendDescriptor_t sc = tensor(b, 0, f, &s->ss, 0);
-	matmul(b, q, kt, sc, "bwd Q Kt");
+	matmul(b, q, kt, sc, sq, skv, NULL, "bwd Q Kt");
 	sc = pw_new(b, CUDNN_POINTWISE_MUL, sc, scale, f, &s->ss, "bwd scale");
 	sc = pw_new(b, CUDNN_POINTWISE_SUB, sc, stats, f, &s->ss, "bwd S - Stats");
+	if (seqlen)
+		sc = padding_mask(b, sc, mask, sq, skv, &s->ss);
 	sc = causal_mask(b, sc, mask, &s->ss);
 	cudnnBackendDescriptor_t p = pw_new(b, CUDNN_POINTWISE_EXP, sc, NULL, f, &s->ss, "bwd P");
 	/* dV = Pt dO */
 	cudnnBackendDescriptor_t pt = tensor(b, 0, bf, &s->sst, 0);
 	reshape(b, p, pt, "bwd Pt");
-	matmul(b, pt, dout, dv, "bwd dV");
+	matmul(b, pt, dout, dv, skv, NULL, sq, "bwd dV");
 	/* dS = P (dO Vt - softmax_sum) scale */
 	cudnnBackendDescriptor_t dp = tensor(b, 0, f, &s->ss, 0);
-	matmul(b, dout, vt, dp, "bwd dO Vt");
+	matmul(b, dout, vt, dp, sq, skv, NULL, "bwd dO Vt");
 	dp = pw_new(b, CUDNN_POINTWISE_SUB, dp, ssum, f, &s->ss, "bwd dP - sum");
 	dp = pw_new(b, CUDNN_POINTWISE_MUL, dp, p, f, &s->ss, "bwd * P");
 	cudnnBackendDescriptor_t ds = pw_new(b, CUDNN_POINTWISE_MUL, dp, scale, f, &s->ss, "bwd dS");
 	/* dK = dSt Q */
 	cudnnBackendDescriptor_t dst = tensor(b, 0, bf, &s->sst, 0);
 	reshape(b, ds, dst, "bwd dSt");
-	matmul(b, dst, q, dk, "bwd dK");
+	matmul(b, dst, q, dk, skv, NULL, sq, "bwd dK");
 	/* dQ = dS K, K as the reshape of the Kt view back to K's own layout */
 	cudnnBackendDescriptor_t kk = tensor(b, 0, f, &s->qkv, 0);
 	reshape(b, kt, kk, "bwd K");
 	if (deterministic) {
-		matmul(b, ds, kk, dq, "bwd dQ");
+		matmul(b, ds, kk, dq, sq, NULL, skv, "bwd dQ");
 	} else {
 		cudnnBackendDescriptor_t acc = tensor(b, UID_DQ_ACCUM, f, &s->dense, 0);
-		matmul(b, ds, kk, acc, "bwd dQ_accum");
+		matmul(b, ds, kk, acc, sq, NULL, skv, "bwd dQ_accum");
 		pointwise(b, CUDNN_POINTWISE_IDENTITY, f, acc, NULL, NULL, dq, 0, "bwd dQ");
 	}
 }
@@ -422,7 +476,7 @@ static int try_cudnn(struct ng_attention *att, struct ng_attention_cudnn_plan_ *
 	fill_shapes(&s, att->B, att->H, att->T, att->D);
 	p->engine = -1;
 	if (backward)
-		build_bwd(&b, &s, att->deterministic);
+		build_bwd(&b, &s, att->deterministic, att->bwd_seqlen);
 	else
 		build_fwd(&b, &s);
 	build_plan(&b, att->handle);
@@ -471,13 +525,14 @@ enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int 
 		if (try_cudnn(att, &att->fwd, 0))
 			att->fwd_backend = NG_ATTENTION_BACKEND_CUDNN;
 		/* cuDNN <= 9.15.0 backward reads out of bounds under graph replay when T is not a
-		 * multiple of 128 (shared/notes/cudnn-sdpa.md): keep the naive backward there. */
-		if (att->cudnn_version < 91501 && T % 128)
-			add_reason(att, "cuDNN %zu backward is unsafe for T=%d (not a multiple of 128; "
-				   "fixed after 9.15.0) at B=%d H=%d D=%d", att->cudnn_version, T, B,
-				   H, D);
-		else if (try_cudnn(att, &att->bwd, 1))
+		 * multiple of 128 (shared/notes/cudnn-sdpa.md). Like cudnn-frontend, describe the
+		 * sequences as padded (lengths all T): a padding mask and GEMM size overrides. If
+		 * that has no engine, the naive backward runs. */
+		att->bwd_seqlen = att->cudnn_version < 91501 && T % 128;
+		if (try_cudnn(att, &att->bwd, 1))
 			att->bwd_backend = NG_ATTENTION_BACKEND_CUDNN;
+		else
+			att->bwd_seqlen = 0;
 	}
 
 	att->fwd_ws = att->fwd_backend == NG_ATTENTION_BACKEND_CUDNN ? align256(att->fwd.workspace) : 0;
@@ -485,9 +540,11 @@ enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int 
 	att->bwd_sum_off = 0;
 	if (att->bwd_backend == NG_ATTENTION_BACKEND_CUDNN) {
 		size_t accum = att->deterministic ? 0 : align256((size_t)B * H * T * D * sizeof(float));
+		size_t seq = att->bwd_seqlen ? align256((size_t)2 * B * sizeof(int)) : 0;
 		att->bwd_accum_off = rows;
-		att->bwd_cudnn_off = rows + accum;
-		att->bwd_ws = rows + accum + align256(att->bwd.workspace);
+		att->bwd_seq_off = rows + accum;
+		att->bwd_cudnn_off = rows + accum + seq;
+		att->bwd_ws = att->bwd_cudnn_off + align256(att->bwd.workspace);
 	} else {
 		att->bwd_ws = rows;
 	}
@@ -497,11 +554,13 @@ enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int 
 	if (att->cudnn_version)
 		snprintf(ver, sizeof(ver), " (cuDNN %zu)", att->cudnn_version);
 	snprintf(att->text, sizeof(att->text),
-		 "attention B=%d H=%d T=%d D=%d%s: forward %s engine %lld, backward %s engine %lld%s, "
+		 "attention B=%d H=%d T=%d D=%d%s: forward %s engine %lld, backward %s engine %lld%s%s, "
 		 "workspace fwd %zu B bwd %zu B%s%s",
 		 B, H, T, D, ver, names[att->fwd_backend], (long long)att->fwd.engine,
 		 names[att->bwd_backend], (long long)att->bwd.engine,
-		 att->deterministic ? " (deterministic)" : "", att->fwd_ws, att->bwd_ws,
+		 att->deterministic ? " (deterministic)" : "",
+		 att->bwd_seqlen ? " (padding-mask workaround: cuDNN <= 9.15.0, T not a multiple of "
+				   "128)" : "", att->fwd_ws, att->bwd_ws,
 		 att->reason[0] ? "; fallback: " : "", att->reason);
 	return NG_OK;
 }
@@ -557,13 +616,22 @@ enum ng_status ng_attention_bwd(const struct ng_attention *att, ng_bf16 *dqkv, c
 		return NG_CUDA_CHECK(ng_attention_naive_bwd_(dqkv, (float *)(ws + att->bwd_sum_off),
 							     dout, qkv, out, lse, att->B, att->H,
 							     att->T, att->D, s));
-	int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_SCALE, UID_MASK,
-			  UID_ONE, UID_DQ, UID_DK, UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM};
-	void *ptrs[] = {(void *)qkv, (void *)(qkv + C), (void *)(qkv + 2 * C), (void *)out,
-			(void *)dout, (void *)lse, (void *)&att->scale, (void *)&att->mask_value,
-			(void *)&att->one, dqkv, dqkv + C, dqkv + 2 * C, ws + att->bwd_sum_off,
-			ws + att->bwd_accum_off};
+	int *seq = (int *)(ws + att->bwd_seq_off);
+	int64_t uids[16] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_SCALE, UID_MASK,
+			    UID_ONE, UID_DQ, UID_DK, UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM};
+	void *ptrs[16] = {(void *)qkv, (void *)(qkv + C), (void *)(qkv + 2 * C), (void *)out,
+			  (void *)dout, (void *)lse, (void *)&att->scale, (void *)&att->mask_value,
+			  (void *)&att->one, dqkv, dqkv + C, dqkv + 2 * C, ws + att->bwd_sum_off,
+			  ws + att->bwd_accum_off};
 	int n = att->deterministic ? 13 : 14;
+	if (att->bwd_seqlen) {
+		/* every sequence has length T: written here so a captured graph holds it too */
+		enum ng_status st = NG_CUDA_CHECK(ng_attention_fill_i32_(seq, 2 * att->B, att->T, s));
+		if (st)
+			return st;
+		uids[n] = UID_SEQ_Q, ptrs[n++] = seq;
+		uids[n] = UID_SEQ_KV, ptrs[n++] = seq + att->B;
+	}
 	/* Before 9.6 the engine expected a zeroed dQ_accum (cudnn-frontend memsets it there). */
 	if (!att->deterministic && att->cudnn_version < 90600) {
 		enum ng_status st = NG_CUDA_CHECK(cudaMemsetAsync(

@@ -15,7 +15,9 @@
  *             dk_s = sum_{t>=s} ds_ts q_t,  dv_s = sum_{t>=s} p_ts dout_t   (warp per key row)
  * Shapes: qkv/dqkv (B,T,3,H,D), out/dout (B,T,H,D) bf16; lse/rowdot (B,H,T) fp32.
  *
- * The two entry points return the launch's cudaError_t; ng_attention_plan (attention_cudnn.c)
+ * Also here: ng_attention_fill_i32_, which writes the sequence lengths of the cuDNN padding-mask
+ * workaround (attention_cudnn.c) into the workspace.
+ * The entry points return the launch's cudaError_t; ng_attention_plan (attention_cudnn.c)
  * validates the shape and wraps them in NG_CUDA_CHECK. This file includes no project header that
  * pulls in util/status.h, whose C++ guard does not compile under nvcc today.
  */
@@ -78,7 +80,8 @@ static __device__ int warp_row(const struct attn_shape &sh, int *bh, int *b, int
 }
 
 /* One lane: dot product of an fp32 row in shared memory with a bf16 row in global memory. */
-static __device__ float dot_shared_global(const float *a, const bf16 *g, const struct attn_shape &sh)
+static __device__ float dot_shared_global(const float *a, const bf16 *g,
+					  const struct attn_shape &sh)
 {
 	float acc = 0.0f;
 	if (sh.vec) {
@@ -331,5 +334,18 @@ extern "C" cudaError_t ng_attention_naive_bwd_(ng_bf16 *dqkv, float *rowdot, con
 		return e;
 	attention_bwd_dkdv_warp_per_row<<<blocks, WARPS_PER_BLOCK * 32, 0, s>>>(
 		(bf16 *)dqkv, rowdot, (const bf16 *)dout, (const bf16 *)qkv, lse, sh);
+	return cudaGetLastError();
+}
+
+static __global__ void fill_i32(int *p, int n, int v)
+{
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n)
+		p[i] = v;
+}
+
+extern "C" cudaError_t ng_attention_fill_i32_(int *p, int n, int v, cudaStream_t s)
+{
+	fill_i32<<<(n + 255) / 256, 256, 0, s>>>(p, n, v);
 	return cudaGetLastError();
 }
