@@ -9,6 +9,8 @@
  */
 #include "alloc/planner.h"
 
+#include <limits.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,20 +39,155 @@ struct placed {
 	size_t end; /* offset + aligned size */
 };
 
-static int cmp_placed(const void *pa, const void *pb)
+static bool placed_less(const struct placed *a, const struct placed *b)
 {
-	const struct placed *a = pa, *b = pb;
-	if (a->off != b->off)
-		return a->off < b->off ? -1 : 1;
-	return a->end < b->end ? -1 : a->end > b->end;
+	return a->off < b->off || (a->off == b->off && a->end < b->end);
+}
+
+static void placed_swap(struct placed *a, struct placed *b)
+{
+	struct placed t = *a;
+	*a = *b;
+	*b = t;
+}
+
+/* Sort by (offset, end): quicksort with a median-of-three pivot, insertion sort below 16
+ * entries, recursing into the smaller side. Inlined compares: this is the planner's hot loop. */
+static void sort_placed(struct placed *v, int n)
+{
+	while (n > 16) {
+		int mid = n / 2;
+		if (placed_less(&v[mid], &v[0]))
+			placed_swap(&v[mid], &v[0]);
+		if (placed_less(&v[n - 1], &v[0]))
+			placed_swap(&v[n - 1], &v[0]);
+		if (placed_less(&v[n - 1], &v[mid]))
+			placed_swap(&v[n - 1], &v[mid]);
+		struct placed pivot = v[mid];
+		int i = 0, j = n - 1;
+		while (i <= j) {
+			while (placed_less(&v[i], &pivot))
+				i++;
+			while (placed_less(&pivot, &v[j]))
+				j--;
+			if (i <= j)
+				placed_swap(&v[i++], &v[j--]);
+		}
+		/* [0, j] and [i, n) remain */
+		if (j + 1 < n - i) {
+			sort_placed(v, j + 1);
+			v += i;
+			n -= i;
+		} else {
+			sort_placed(v + i, n - i);
+			n = j + 1;
+		}
+	}
+	for (int i = 1; i < n; i++) {
+		struct placed x = v[i];
+		int j = i - 1;
+		while (j >= 0 && placed_less(&x, &v[j])) {
+			v[j + 1] = v[j];
+			j--;
+		}
+		v[j + 1] = x;
+	}
+}
+
+/* Finding the placed intervals alive at the same time as interval i = those alive at op
+ * first_i (a stabbing query on a segment tree over op indices) plus those that start in
+ * (first_i, last_i] (a range of the intervals sorted by first). Both sets are disjoint, so no
+ * interval is seen twice, and the work is the size of the answer plus O(log ops). */
+struct time_index {
+	int size;      /* leaves: a power of two >= the op count */
+	int *node_at;  /* 2*size + 1 entries: CSR start of each tree node's interval list */
+	int *node_iv;  /* the lists */
+	int *by_first; /* interval indices sorted by first */
+	int *firsts;   /* firsts[k] = iv[by_first[k]].first */
+};
+
+/* The canonical nodes of op range [l, r] in a tree of `size` leaves (at most 2 per level, so
+ * 64 fit any int range); returns how many were written to nodes[]. */
+static int canonical_nodes(int size, int l, int r, int *nodes)
+{
+	int n = 0, lo = l + size, hi = r + size + 1;
+	while (lo < hi) {
+		if (lo & 1)
+			nodes[n++] = lo++;
+		if (hi & 1)
+			nodes[n++] = --hi;
+		lo >>= 1;
+		hi >>= 1;
+	}
+	return n;
+}
+
+static int cmp_first(const void *pa, const void *pb);
+
+static bool time_index_build(struct time_index *ti, const struct ng_interval *iv, int n)
+{
+	int max_op = 0;
+	for (int i = 0; i < n; i++)
+		if (iv[i].last > max_op)
+			max_op = iv[i].last;
+	ti->size = 1;
+	while (ti->size < max_op + 1)
+		ti->size *= 2;
+	size_t nodes = 2 * (size_t)ti->size;
+	ti->node_at = calloc(nodes + 1, sizeof(int));
+	ti->by_first = malloc((size_t)n * sizeof(int));
+	ti->firsts = malloc((size_t)n * sizeof(int));
+	ti->node_iv = NULL;
+	if (!ti->node_at || !ti->by_first || !ti->firsts)
+		return false;
+	size_t total = 0;
+	for (int i = 0; i < n; i++) {
+		int nodes[64], c = canonical_nodes(ti->size, iv[i].first, iv[i].last, nodes);
+		for (int q = 0; q < c; q++)
+			ti->node_at[nodes[q] + 1]++;
+		total += (size_t)c;
+	}
+	if (total > INT_MAX)
+		return false;
+	for (size_t k = 0; k < nodes; k++)
+		ti->node_at[k + 1] += ti->node_at[k];
+	ti->node_iv = malloc((total ? total : 1) * sizeof(int));
+	int *fill = malloc(nodes * sizeof(int));
+	if (!ti->node_iv || !fill) {
+		free(fill);
+		return false;
+	}
+	memcpy(fill, ti->node_at, nodes * sizeof(int));
+	for (int i = 0; i < n; i++) {
+		int nodes[64], c = canonical_nodes(ti->size, iv[i].first, iv[i].last, nodes);
+		for (int q = 0; q < c; q++)
+			ti->node_iv[fill[nodes[q]]++] = i;
+	}
+	free(fill);
+	for (int i = 0; i < n; i++)
+		ti->by_first[i] = i;
+	sort_iv_ = iv;
+	qsort(ti->by_first, (size_t)n, sizeof(int), cmp_first);
+	for (int k = 0; k < n; k++)
+		ti->firsts[k] = iv[ti->by_first[k]].first;
+	return true;
+}
+
+static void time_index_free(struct time_index *ti)
+{
+	free(ti->node_at);
+	free(ti->node_iv);
+	free(ti->by_first);
+	free(ti->firsts);
 }
 
 /* Place the intervals in `order`; offsets into off[], returns the arena size. */
 static size_t place_in_order(const struct ng_interval *iv, const int *order, int n, size_t align,
-			     size_t *off, int *done_list, struct placed *buf)
+			     size_t *off, const struct time_index *ti, char *placed,
+			     struct placed *buf)
 {
 	size_t arena = 0;
-	int n_done = 0;
+	memset(placed, 0, (size_t)n);
 	for (int k = 0; k < n; k++) {
 		int i = order[k];
 		size_t sz = align_up(iv[i].size, align);
@@ -59,13 +196,30 @@ static size_t place_in_order(const struct ng_interval *iv, const int *order, int
 			continue;
 		}
 		int m = 0;
-		for (int d = 0; d < n_done; d++) {
-			int j = done_list[d];
-			if (iv[j].first <= iv[i].last && iv[i].first <= iv[j].last)
-				buf[m++] = (struct placed){ off[j], off[j] + align_up(iv[j].size,
-										       align) };
+		/* alive at first_i */
+		for (int nd = iv[i].first + ti->size; nd >= 1; nd >>= 1)
+			for (int q = ti->node_at[nd]; q < ti->node_at[nd + 1]; q++) {
+				int j = ti->node_iv[q];
+				if (placed[j])
+					buf[m++] = (struct placed){ off[j], off[j] + align_up(iv[j].size,
+											     align) };
+			}
+		/* starting in (first_i, last_i] */
+		int lo = 0, hi = n;
+		while (lo < hi) {
+			int mid = (lo + hi) / 2;
+			if (ti->firsts[mid] <= iv[i].first)
+				lo = mid + 1;
+			else
+				hi = mid;
 		}
-		qsort(buf, (size_t)m, sizeof(*buf), cmp_placed);
+		for (int q = lo; q < n && ti->firsts[q] <= iv[i].last; q++) {
+			int j = ti->by_first[q];
+			if (placed[j])
+				buf[m++] = (struct placed){ off[j], off[j] + align_up(iv[j].size,
+										     align) };
+		}
+		sort_placed(buf, m);
 		size_t best = SIZE_MAX, best_gap = SIZE_MAX, cursor = 0;
 		for (int q = 0; q < m; q++) {
 			if (buf[q].off > cursor) {
@@ -83,7 +237,7 @@ static size_t place_in_order(const struct ng_interval *iv, const int *order, int
 		off[i] = best;
 		if (best + sz > arena)
 			arena = best + sz;
-		done_list[n_done++] = i;
+		placed[i] = 1;
 	}
 	return arena;
 }
@@ -102,14 +256,16 @@ enum ng_status ng_arena_plan(struct ng_interval *iv, int n, size_t align, size_t
 	if (n <= 0)
 		return NG_OK;
 	size_t nn = (size_t)n;
+	struct time_index ti;
+	bool ti_ok = time_index_build(&ti, iv, n);
 	int *order = malloc(nn * sizeof(int));
-	int *done = malloc(nn * sizeof(int));
 	size_t *key = malloc(nn * sizeof(size_t));
 	size_t *off_a = malloc(nn * sizeof(size_t));
 	size_t *off_b = malloc(nn * sizeof(size_t));
 	struct placed *buf = malloc(nn * sizeof(struct placed));
+	char *placed = malloc(nn);
 	enum ng_status st = NG_OK;
-	if (!order || !done || !key || !off_a || !off_b || !buf) {
+	if (!ti_ok || !order || !key || !off_a || !off_b || !buf || !placed) {
 		st = ng_fail(NG_ERR_RUNTIME, "planner: out of host memory for %d intervals", n);
 		goto out_free;
 	}
@@ -122,8 +278,14 @@ enum ng_status ng_arena_plan(struct ng_interval *iv, int n, size_t align, size_t
 		key[i] = align_up(iv[i].size, align);
 	}
 	qsort(order, nn, sizeof(int), cmp_key_desc);
-	size_t arena_a = place_in_order(iv, order, n, align, off_a, done, buf);
+	size_t arena_a = place_in_order(iv, order, n, align, off_a, &ti, placed, buf);
 
+	if (arena_a == ng_arena_lower_bound(iv, n, align)) {
+		for (int i = 0; i < n; i++)
+			iv[i].offset = off_a[i];
+		*arena_bytes = arena_a;
+		goto out_free;
+	}
 	/* order B: decreasing size x duration (saturating) */
 	for (int i = 0; i < n; i++) {
 		order[i] = i;
@@ -132,15 +294,16 @@ enum ng_status ng_arena_plan(struct ng_interval *iv, int n, size_t align, size_t
 		key[i] = s > SIZE_MAX / dur ? SIZE_MAX : s * dur;
 	}
 	qsort(order, nn, sizeof(int), cmp_key_desc);
-	size_t arena_b = place_in_order(iv, order, n, align, off_b, done, buf);
+	size_t arena_b = place_in_order(iv, order, n, align, off_b, &ti, placed, buf);
 
 	const size_t *best = arena_b < arena_a ? off_b : off_a;
 	for (int i = 0; i < n; i++)
 		iv[i].offset = best[i];
 	*arena_bytes = arena_b < arena_a ? arena_b : arena_a;
 out_free:
+	time_index_free(&ti);
+	free(placed);
 	free(order);
-	free(done);
 	free(key);
 	free(off_a);
 	free(off_b);

@@ -83,8 +83,10 @@ enum ng_status ng_dump_write_dot(const struct ng_graph *g, const char *path)
 	}
 	for (int i = 0; i < g->n_tensors; i++)
 		writer[i] = -1;
-	fprintf(f, "digraph step {\n  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\", "
-		"fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=8];\n");
+	/* newrank: without it dot fails ("trouble in init_rank") on some clustered steps */
+	fprintf(f, "digraph step {\n  rankdir=TB;\n  newrank=true;\n"
+		"  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n"
+		"  edge [fontname=\"Helvetica\", fontsize=8];\n");
 	fprintf(f, "  label=\"%s step: L=%d C=%d H=%d Vp=%d, B=%d T=%d K=%d; arena %zu B, lower "
 		"bound %zu B, total %zu B\";\n",
 		g->kind == NG_GRAPH_TRAIN ? "train" : g->kind == NG_GRAPH_EVAL ? "eval" : "sample",
@@ -194,7 +196,8 @@ enum ng_status ng_dump_write_arena_svg(const struct ng_graph *g, const char *pat
 	fprintf(f, "<text x=\"10\" y=\"%.0f\" font-family=\"Helvetica\" font-size=\"12\">"
 		"%.0f MiB</text>\n<text x=\"10\" y=\"%.0f\" font-family=\"Helvetica\" "
 		"font-size=\"12\">0</text>\n", mt + 10, ymax / MiB, mt + ph);
-	fprintf(f, "<g class=\"tensors\">\n");
+	fprintf(f, "<g class=\"tensors\" data-y0=\"%.3f\" data-px-per-byte=\"%.9e\">\n",
+		mt + ph, sy);
 	for (int i = 0; i < g->n_tensors; i++) {
 		const struct ng_tensor *t = &g->tensors[i];
 		if (t->persistent || t->first_op < 0)

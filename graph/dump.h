@@ -13,7 +13,10 @@
  * ("name dtype[shape] role: N bytes (X MiB) at offset O, ops A..B") and data-name, data-bytes
  * (the tensor's bytes), data-offset (from the arena start, as ng_tensor.offset), data-first,
  * data-last attributes; the root <svg> carries data-arena-bytes, data-lower-bound-bytes and
- * data-persistent-bytes; the lower bound is a dashed horizontal line (class "lower-bound").
+ * data-persistent-bytes; the rectangles' group carries data-y0 (the pixel y of offset 0) and
+ * data-px-per-byte, so rect height = bytes x px-per-byte and y = y0 - (offset - persistent
+ * + bytes) x px-per-byte (heights under 0.2 px are drawn 0.2 px); the lower bound is a dashed
+ * horizontal line (class "lower-bound").
  */
 #ifndef NG_GRAPH_DUMP_H
 #define NG_GRAPH_DUMP_H

@@ -1,0 +1,331 @@
+/*
+ * tests/test_step.c — the step builder (graph/step.c) and the IR bookkeeping (graph/ir.c):
+ * op order as DESIGN.md gives it, op counts per kind, dataflow (every tensor is written before
+ * it is read; every training activation is read), shapes and bytes, the chunked classifier
+ * (row ranges cover B*T exactly; no two logits chunks live at once), recompute (the stored
+ * tensor dies in the forward and a recompute op feeds the backward; memory goes down), the
+ * persistent region identical across train/eval/sample, parameter ids per `which`, and bad
+ * sizes as errors. Random small shapes and options each run; the seed is in every message.
+ */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "graph/step.h"
+#include "util/rng.h"
+
+static uint64_t seed_;
+static struct ng_rng rng_;
+
+static void setup_(void)
+{
+	seed_ = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+	ng_rng_seed(&rng_, seed_);
+}
+
+/* A random small configuration and options. */
+static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
+			struct ng_step_options *o)
+{
+	static const int heads[] = { 1, 2, 3, 4 };
+	memset(c, 0, sizeof(*c));
+	c->L = 1 + (int)ng_rng_below(&rng_, 4);
+	c->H = heads[ng_rng_below(&rng_, 4)];
+	c->C = c->H * 8 * (1 + (int)ng_rng_below(&rng_, 4));
+	c->T = 8 + (int)ng_rng_below(&rng_, 64);
+	c->V = 2 + (int)ng_rng_below(&rng_, 1000);
+	cr_assert_eq(ng_gpt_check(c), NG_OK, "seed %llu: %s", (unsigned long long)seed_,
+		     ng_error_message());
+	*B = 1 + (int)ng_rng_below(&rng_, 4);
+	*T = 1 + (int)ng_rng_below(&rng_, (uint64_t)c->T);
+	*K = 1 + (int)ng_rng_below(&rng_, 3);
+	ng_step_default_options(o);
+	o->recompute_gelu = (int)ng_rng_below(&rng_, 2);
+	o->recompute_layernorm = (int)ng_rng_below(&rng_, 2);
+	o->fuse_gelu = (int)ng_rng_below(&rng_, 2);
+	o->deterministic = (int)ng_rng_below(&rng_, 2);
+	o->head_chunk_rows = ng_rng_below(&rng_, 3) == 0 ? 0
+							  : 1 + (int)ng_rng_below(&rng_, (uint64_t)(*B * *T));
+}
+
+static int count_kind(const struct ng_graph *g, enum ng_op_kind k)
+{
+	int n = 0;
+	for (int i = 0; i < g->n_ops; i++)
+		n += g->ops[i].kind == k;
+	return n;
+}
+
+/* Every tensor's first touch writes it (inputs come from TOKENS_H2D; persistent tensors hold
+ * state between steps and are exempt). */
+static void check_dataflow(const struct ng_graph *g, const char *what)
+{
+	char *written = calloc((size_t)g->n_tensors, 1);
+	cr_assert(written);
+	for (int k = 0; k < g->n_ops; k++) {
+		const struct ng_op *op = &g->ops[k];
+		for (int j = 0; j < op->n_in; j++) {
+			const struct ng_tensor *t = &g->tensors[op->in[j]];
+			cr_assert(t->persistent || written[op->in[j]],
+				  "seed %llu %s: op %d %s reads %s before any op writes it",
+				  (unsigned long long)seed_, what, k, op->name, t->name);
+		}
+		for (int j = 0; j < op->n_out; j++)
+			written[op->out[j]] = 1;
+	}
+	free(written);
+}
+
+static void check_shapes(const struct ng_graph *g, const char *what)
+{
+	for (int i = 0; i < g->n_tensors; i++) {
+		const struct ng_tensor *t = &g->tensors[i];
+		size_t numel = 1;
+		for (int d = 0; d < 4; d++)
+			numel *= t->shape[d];
+		if (t->role != NG_ROLE_SCRATCH)
+			cr_assert_eq(t->bytes, numel * ng_dtype_size(t->dtype),
+				     "seed %llu %s: %s has %zu bytes for %zu elements",
+				     (unsigned long long)seed_, what, t->name, t->bytes, numel);
+		cr_assert_gt(t->bytes, 0, "seed %llu %s: %s is empty", (unsigned long long)seed_,
+			     what, t->name);
+		for (int j = 0; j < i && i < 400; j++)
+			cr_assert_str_neq(t->name, g->tensors[j].name, "seed %llu %s: name %s twice",
+					  (unsigned long long)seed_, what, t->name);
+	}
+}
+
+Test(step, random_train_graphs_are_well_formed, .init = setup_)
+{
+	for (int rep = 0; rep < 200; rep++) {
+		struct ng_gpt_config c;
+		struct ng_step_options o;
+		int B, T, K;
+		random_case(&c, &B, &T, &K, &o);
+		char what[160];
+		snprintf(what, sizeof(what), "L=%d H=%d C=%d V=%d B=%d T=%d K=%d rg=%d rl=%d fuse=%d "
+			 "chunk=%d", c.L, c.H, c.C, c.V, B, T, K, o.recompute_gelu,
+			 o.recompute_layernorm, o.fuse_gelu, o.head_chunk_rows);
+		struct ng_graph g;
+		cr_assert_eq(ng_step_build_train(&g, &c, B, T, K, &o), NG_OK, "seed %llu %s: %s",
+			     (unsigned long long)seed_, what, ng_error_message());
+		cr_assert_eq(ng_graph_validate(&g), NG_OK, "seed %llu %s: %s",
+			     (unsigned long long)seed_, what, ng_error_message());
+		check_dataflow(&g, what);
+		check_shapes(&g, what);
+		int N = B * T, L = c.L, chunk = g.head_chunk_rows, nch = (N + chunk - 1) / chunk;
+		cr_assert(chunk >= 1 && chunk <= N);
+		/* order: h2d, zero grads, ..., norm, schedule, adamw, finish */
+		cr_assert_eq(g.ops[0].kind, NG_OP_TOKENS_H2D);
+		cr_assert_eq(g.ops[1].kind, NG_OP_ZERO);
+		cr_assert_eq(g.ops[1].out[0], g.t_grads);
+		cr_assert_eq(g.ops[g.n_ops - 4].kind, NG_OP_GRAD_NORM);
+		cr_assert_eq(g.ops[g.n_ops - 3].kind, NG_OP_SCHEDULE);
+		cr_assert_eq(g.ops[g.n_ops - 2].kind, NG_OP_ADAMW);
+		cr_assert_eq(g.ops[g.n_ops - 1].kind, NG_OP_STEP_FINISH);
+		/* counts per kind */
+		cr_assert_eq(count_kind(&g, NG_OP_TOKENS_SPLIT), K, "seed %llu %s",
+			     (unsigned long long)seed_, what);
+		cr_assert_eq(count_kind(&g, NG_OP_MATMUL_FWD), K * (4 * L + nch), "seed %llu %s",
+			     (unsigned long long)seed_, what);
+		cr_assert_eq(count_kind(&g, NG_OP_MATMUL_DW), K * (4 * L + nch));
+		cr_assert_eq(count_kind(&g, NG_OP_MATMUL_DINP), K * (4 * L + nch));
+		cr_assert_eq(count_kind(&g, NG_OP_CROSSENTROPY), K * nch);
+		cr_assert_eq(count_kind(&g, NG_OP_ATTENTION_FWD), K * L);
+		cr_assert_eq(count_kind(&g, NG_OP_ATTENTION_BWD), K * L);
+		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_BWD), K * (2 * L + 1));
+		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_FWD),
+			     K * (1 + (o.recompute_layernorm ? 2 * L : 0)));
+		cr_assert_eq(count_kind(&g, NG_OP_RESIDUAL_LAYERNORM_FWD), K * 2 * L);
+		cr_assert_eq(count_kind(&g, NG_OP_GELU_FWD),
+			     K * L * ((o.fuse_gelu ? 0 : 1) + (o.recompute_gelu ? 1 : 0)));
+		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD), o.fuse_gelu ? 0 : K * L);
+		cr_assert_eq(count_kind(&g, NG_OP_LOSS_ACCUMULATE), K);
+		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_BWD), K);
+		cr_assert_eq(count_kind(&g, NG_OP_ZERO), 1 + K); /* grads, dresid per micro */
+		/* per op: row ranges of the head cover [0, N) in order; params match which */
+		int next_row = 0, logits_live = 0;
+		for (int k = 0; k < g.n_ops; k++) {
+			const struct ng_op *op = &g.ops[k];
+			if (op->kind == NG_OP_MATMUL_FWD && op->which == NG_OP_WHICH_HEAD) {
+				if (op->row_start == 0)
+					next_row = 0;
+				cr_assert_eq(op->row_start, next_row, "seed %llu %s: op %s",
+					     (unsigned long long)seed_, what, op->name);
+				cr_assert(op->row_count >= 1 && op->row_count <= chunk);
+				next_row += op->row_count;
+				const struct ng_tensor *lg = &g.tensors[op->out[0]];
+				cr_assert_eq(lg->shape[0], (size_t)op->row_count);
+				cr_assert_eq(lg->shape[1], (size_t)c.Vp);
+				cr_assert_eq(op->param[0], NG_P_WTE);
+				cr_assert_eq(op->param[1], -1);
+			}
+			if (op->kind == NG_OP_LOSS_ACCUMULATE)
+				cr_assert_eq(next_row, N, "seed %llu %s: head rows %d of %d",
+					     (unsigned long long)seed_, what, next_row, N);
+			if (op->kind == NG_OP_MATMUL_FWD && op->which == NG_OP_WHICH_QKV)
+				cr_assert(op->param[0] == NG_P_QKVW && op->param[1] == NG_P_QKVB);
+			if (op->kind == NG_OP_MATMUL_DW && op->which == NG_OP_WHICH_FCPROJ)
+				cr_assert(op->param[0] == NG_P_FCPROJW &&
+					  op->param[1] == NG_P_FCPROJB);
+			if (op->kind == NG_OP_LAYERNORM_BWD && op->which == NG_OP_WHICH_LNF)
+				cr_assert(op->param[0] == NG_P_LNFW && op->layer == -1);
+			if (op->kind == NG_OP_MATMUL_FWD)
+				cr_assert_eq(op->gelu, op->which == NG_OP_WHICH_FC && o.fuse_gelu);
+			/* logits chunks alive at op k */
+			int live = 0;
+			for (int i = 0; i < g.n_tensors && k % 7 == 0; i++) {
+				const struct ng_tensor *t = &g.tensors[i];
+				live += strstr(t->name, "logits.c") && t->first_op <= k &&
+					k <= t->last_op;
+			}
+			if (live > logits_live)
+				logits_live = live;
+		}
+		cr_assert_leq(logits_live, 1, "seed %llu %s: %d logits chunks alive at once",
+			      (unsigned long long)seed_, what, logits_live);
+		/* every training activation is read by some op */
+		for (int i = 0; i < g.n_tensors; i++) {
+			const struct ng_tensor *t = &g.tensors[i];
+			if (t->role != NG_ROLE_ACTIVATION)
+				continue;
+			bool read = false;
+			for (int k = t->first_op; k <= t->last_op && !read; k++)
+				for (int j = 0; j < g.ops[k].n_in; j++)
+					read |= g.ops[k].in[j] == i;
+			cr_assert(read, "seed %llu %s: %s is written and never read",
+				  (unsigned long long)seed_, what, t->name);
+		}
+		ng_graph_free(&g);
+	}
+}
+
+Test(step, recompute_drops_stored_tensors_and_saves_memory, .init = setup_)
+{
+	struct ng_gpt_config c;
+	cr_assert_eq(ng_gpt_preset(&c, "d12"), NG_OK);
+	cr_assert_eq(ng_gpt_check(&c), NG_OK);
+	int B = 1 + (int)ng_rng_below(&rng_, 8);
+	struct ng_step_options o;
+	ng_step_default_options(&o);
+	struct ng_graph g0, g1, g2;
+	cr_assert_eq(ng_step_build_train(&g0, &c, B, 1024, 1, &o), NG_OK);
+	o.recompute_gelu = o.recompute_layernorm = 1;
+	cr_assert_eq(ng_step_build_train(&g1, &c, B, 1024, 1, &o), NG_OK);
+	o.head_chunk_rows = 256;
+	cr_assert_eq(ng_step_build_train(&g2, &c, B, 1024, 1, &o), NG_OK);
+	cr_assert_lt(g1.lower_bound_bytes, g0.lower_bound_bytes, "B=%d: %zu vs %zu", B,
+		     g1.lower_bound_bytes, g0.lower_bound_bytes);
+	cr_assert_lt(g2.lower_bound_bytes, g1.lower_bound_bytes, "B=%d: %zu vs %zu", B,
+		     g2.lower_bound_bytes, g1.lower_bound_bytes);
+	/* the forward's GELU output and LN outputs die before the classifier */
+	int first_head = -1;
+	for (int k = 0; k < g1.n_ops && first_head < 0; k++)
+		if (g1.ops[k].kind == NG_OP_MATMUL_FWD && g1.ops[k].which == NG_OP_WHICH_HEAD)
+			first_head = k;
+	const char *dropped[] = { "L0.fch_gelu", "L5.ln1", "L11.ln2" };
+	for (int i = 0; i < 3; i++) {
+		int t = ng_graph_find_tensor(&g1, dropped[i]);
+		cr_assert_geq(t, 0, "%s missing", dropped[i]);
+		cr_assert_lt(g1.tensors[t].last_op, first_head, "%s lives to op %d (head at %d)",
+			     dropped[i], g1.tensors[t].last_op, first_head);
+		char re[64];
+		snprintf(re, sizeof(re), "%s.re", dropped[i]);
+		cr_assert_geq(ng_graph_find_tensor(&g1, re), 0, "%s missing", re);
+	}
+	/* without recompute the stored ones live into the backward */
+	int t = ng_graph_find_tensor(&g0, "L0.fch_gelu");
+	cr_assert_gt(g0.tensors[t].last_op, first_head);
+	ng_graph_free(&g0);
+	ng_graph_free(&g1);
+	ng_graph_free(&g2);
+}
+
+Test(step, eval_and_sample_graphs, .init = setup_)
+{
+	struct ng_gpt_config c;
+	struct ng_step_options o;
+	int B, T, K;
+	for (int rep = 0; rep < 50; rep++) {
+		random_case(&c, &B, &T, &K, &o);
+		struct ng_graph tr, ev, sa;
+		cr_assert_eq(ng_step_build_train(&tr, &c, B, T, K, &o), NG_OK);
+		cr_assert_eq(ng_step_build_eval(&ev, &c, B, T, K, &o), NG_OK, "seed %llu: %s",
+			     (unsigned long long)seed_, ng_error_message());
+		cr_assert_eq(ng_step_build_sample(&sa, &c, B, T, &o), NG_OK, "seed %llu: %s",
+			     (unsigned long long)seed_, ng_error_message());
+		check_dataflow(&ev, "eval");
+		check_dataflow(&sa, "sample");
+		/* the shared persistent tensors sit at the same offsets */
+		const char *names[] = { "params", "params_bf16", "grads", "adam_m", "adam_v",
+					"step_state" };
+		for (int i = 0; i < 6; i++) {
+			int a = ng_graph_find_tensor(&tr, names[i]);
+			int b = ng_graph_find_tensor(&ev, names[i]);
+			int s = ng_graph_find_tensor(&sa, names[i]);
+			cr_assert(a >= 0 && b >= 0 && s >= 0);
+			cr_assert_eq(tr.tensors[a].offset, ev.tensors[b].offset, "%s", names[i]);
+			cr_assert_eq(tr.tensors[a].offset, sa.tensors[s].offset, "%s", names[i]);
+		}
+		/* eval: no backward, no optimizer, losses into eval_loss */
+		cr_assert_eq(count_kind(&ev, NG_OP_MATMUL_DW) + count_kind(&ev, NG_OP_ADAMW) +
+				     count_kind(&ev, NG_OP_MATMUL_DINP), 0);
+		cr_assert_eq(count_kind(&ev, NG_OP_LOSS_ACCUMULATE), K);
+		for (int k = 0; k < ev.n_ops; k++)
+			if (ev.ops[k].kind == NG_OP_CROSSENTROPY) {
+				cr_assert_eq(ev.ops[k].no_grad, 1);
+				cr_assert_eq(ev.ops[k].n_out, 1);
+			} else if (ev.ops[k].kind == NG_OP_LOSS_ACCUMULATE) {
+				cr_assert_eq(ev.ops[k].out[0], ev.t_eval_loss);
+			}
+		cr_assert_geq(ev.t_eval_loss, 0);
+		cr_assert_eq(ev.tensors[ev.t_eval_loss].bytes, 4);
+		/* sample: the head writes the persistent (B, Vp) logits */
+		cr_assert_eq(count_kind(&sa, NG_OP_GATHER_ROWS), 1);
+		cr_assert_eq(count_kind(&sa, NG_OP_CROSSENTROPY), 0);
+		const struct ng_tensor *lo = &sa.tensors[sa.t_logits_out];
+		cr_assert(lo->persistent && lo->shape[0] == (size_t)B &&
+			  lo->shape[1] == (size_t)c.Vp);
+		cr_assert_eq(sa.tensors[sa.t_tokens].shape[2], (size_t)T + 1);
+		ng_graph_free(&tr);
+		ng_graph_free(&ev);
+		ng_graph_free(&sa);
+	}
+}
+
+Test(step, bad_sizes_are_input_errors)
+{
+	struct ng_gpt_config c;
+	cr_assert_eq(ng_gpt_preset(&c, "tiny"), NG_OK);
+	cr_assert_eq(ng_gpt_check(&c), NG_OK);
+	struct ng_graph g;
+	ng_clear_error();
+	cr_assert_eq(ng_step_build_train(&g, &c, 2, c.T + 1, 1, NULL), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "context"), "message: %s", ng_error_message());
+	ng_clear_error();
+	cr_assert_eq(ng_step_build_train(&g, &c, 0, 8, 1, NULL), NG_ERR_INPUT);
+	ng_clear_error();
+	cr_assert_eq(ng_step_build_eval(&g, &c, 2, 8, 0, NULL), NG_ERR_INPUT);
+	ng_clear_error();
+	struct ng_step_options o;
+	ng_step_default_options(&o);
+	o.align = 100;
+	cr_assert_eq(ng_step_build_train(&g, &c, 2, 8, 1, &o), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "100"), "message: %s", ng_error_message());
+	ng_clear_error();
+	ng_graph_free(&g); /* safe on a failed build */
+}
+
+Test(step, plan_check_fit)
+{
+	ng_clear_error();
+	cr_assert_eq(ng_plan_check_fit(10, 10), NG_OK);
+	cr_assert_eq(ng_plan_check_fit((size_t)50 << 30, (size_t)40 << 30), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "50.00 GiB") && strstr(ng_error_message(), "40.00"),
+		  "message: %s", ng_error_message());
+	cr_assert(strstr(ng_error_hint(), "recompute"), "hint: %s", ng_error_hint());
+	ng_clear_error();
+}
