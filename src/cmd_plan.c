@@ -108,6 +108,20 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 	return NG_ERR_INPUT;
 }
 
+/* Parse the command line, then build the planned step; *help when --help was shown (g empty). */
+static enum ng_status parse_and_build(struct ng_command_spec *spec, int argc, char **argv,
+				      const struct ng_model_args *ma, const struct plan_args *pa,
+				      struct ng_shape *shape, struct ng_graph *g, bool *help)
+{
+	char *pos[1];
+	int npos;
+	ng_graph_init(g);
+	enum ng_status st = ng_cli_parse(spec, argc, argv, pos, &npos, help);
+	if (st || *help)
+		return st;
+	return build(ma, pa, shape, g);
+}
+
 /* The numbers plan reports. */
 struct plan_summary {
 	size_t params, grads, optimizer, metrics;  /* persistent, by role (params: fp32 + bf16) */
@@ -246,16 +260,11 @@ enum ng_status ng_cmd_plan(int argc, char **argv)
 	struct ng_command_spec spec = { "plan", "print the memory plan of a step (no GPU needed)",
 					"[model] [batch] [--json] [--gpu-mem GIB] [options]", flags,
 					(int)(sizeof(flags) / sizeof(flags[0])), 0 };
-	char *pos[1];
-	int npos;
 	bool help;
-	enum ng_status st = ng_cli_parse(&spec, argc, argv, pos, &npos, &help);
-	if (st || help)
-		return st;
 	struct ng_shape shape;
 	struct ng_graph g;
-	ng_graph_init(&g);
-	if ((st = build(&ma, &pa, &shape, &g)))
+	enum ng_status st = parse_and_build(&spec, argc, argv, &ma, &pa, &shape, &g, &help);
+	if (st || help)
 		return st;
 	struct plan_summary s;
 	summarize(&g, &s);
@@ -283,22 +292,18 @@ enum ng_status ng_cmd_dump(int argc, char **argv)
 	struct ng_command_spec spec = { "dump", "write the step as Graphviz DOT and the arena as SVG",
 					"[model] [batch] --out DIR [options]", flags,
 					(int)(sizeof(flags) / sizeof(flags[0])), 0 };
-	char *pos[1];
-	int npos;
 	bool help;
-	enum ng_status st = ng_cli_parse(&spec, argc, argv, pos, &npos, &help);
+	struct ng_shape shape;
+	struct ng_graph g;
+	enum ng_status st = parse_and_build(&spec, argc, argv, &ma, &pa, &shape, &g, &help);
 	if (st || help)
 		return st;
 	if (!out) {
+		ng_graph_free(&g);
 		ng_fail(NG_ERR_INPUT, "dump: --out DIR is required");
 		ng_hint("nanograph dump --model tiny --batch 2 --out dump/");
 		return NG_ERR_INPUT;
 	}
-	struct ng_shape shape;
-	struct ng_graph g;
-	ng_graph_init(&g);
-	if ((st = build(&ma, &pa, &shape, &g)))
-		return st;
 	st = ng_dump_write_all(&g, out);
 	if (!st)
 		fprintf(stderr, "dump: wrote %s/step.dot (%d ops, %d tensors) and %s/arena.svg "
