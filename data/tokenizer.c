@@ -13,8 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* \s spelled out as Unicode White_Space, which the reference implementation (Python's regex
+ * module) uses; PCRE2's own \s also takes U+180E, and the token stream would differ there. */
+#define WS "\\t\\n\\x0b\\f\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}" \
+	   "\\x{205f}\\x{3000}"
 static const char GPT2_PATTERN[] =
-	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS
+	"])|[" WS "]+";
 
 static uint64_t mix64(uint64_t x)
 {
