@@ -80,6 +80,25 @@ Test(tokenizer, encode_cases_exact)
 	json_decref(cases);
 }
 
+/* Unicode White_Space is exactly what \s means: U+180E and U+001C are not spaces, NBSP, U+3000,
+ * U+2029 and U+0085 are (tokens from an independent reference implementation). */
+Test(tokenizer, unicode_whitespace)
+{
+	static const char text[] = "a  \xe1\xa0\x8e" "b\xc2\xa0" "c \xe3\x80\x80 d\xe2\x80\xa9"
+				   "e\x1c" "f \xc2\x85g";
+	static const uint16_t want[] = { 64, 220, 28053, 254, 236, 65, 1849, 66, 220, 5099, 222,
+					 288, 447, 102, 68, 216, 69, 220, 126, 227, 70 };
+	struct ng_token_buf out = { 0 };
+	cr_assert_eq(ng_tokenizer_encode(&tok, NULL, text, sizeof(text) - 1, &out), NG_OK);
+	size_t n = sizeof(want) / sizeof(want[0]), bad = n;
+	for (size_t i = 0; i < n && i < out.len && bad == n; i++)
+		if (out.data[i] != want[i])
+			bad = i;
+	cr_assert(out.len == n && bad == n, "%zu tokens (want %zu), first difference at %zu",
+		  out.len, n, bad);
+	free(out.data);
+}
+
 Test(tokenizer, eot_token)
 {
 	size_t n;
