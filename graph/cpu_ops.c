@@ -18,6 +18,9 @@
 
 #define NG_REF_LN_EPS 1e-5
 #define NG_REF_PI 3.14159265358979323846
+/* Below this many multiply-adds a loop runs on one thread: starting a team costs more than the
+ * work, and tiny test shapes then stay fast on a loaded 2-core CI machine. */
+#define NG_REF_OMP_MIN_WORK 262144.0
 
 void ng_ref_encoder_fwd(double *out, const int32_t *tok, const double *wte, const double *wpe,
 			int B, int T, int C)
@@ -106,7 +109,7 @@ void ng_ref_layernorm_bwd(double *dinp, double *dw, double *db, const double *do
 void ng_ref_matmul_fwd(double *out, const double *inp, const double *w, const double *bias, int N,
 		       int IC, int OC)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((double)N * IC * OC >= NG_REF_OMP_MIN_WORK)
 	for (int n = 0; n < N; n++) {
 		const double *x = inp + (size_t)n * IC;
 		for (int o = 0; o < OC; o++) {
@@ -124,7 +127,7 @@ void ng_ref_matmul_bwd(double *dinp, double *dw, double *dbias, const double *do
 {
 	if (dinp) {
 		/* dinp[n, i] += sum_o dout[n, o] * w[o, i]; rows are independent */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((double)N * IC * OC >= NG_REF_OMP_MIN_WORK)
 		for (int n = 0; n < N; n++) {
 			const double *d = dout + (size_t)n * OC;
 			double *dx = dinp + (size_t)n * IC;
@@ -138,7 +141,7 @@ void ng_ref_matmul_bwd(double *dinp, double *dw, double *dbias, const double *do
 	}
 	if (dw || dbias) {
 		/* dw[o, i] += sum_n dout[n, o] * inp[n, i]; output rows o are independent */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((double)N * IC * OC >= NG_REF_OMP_MIN_WORK)
 		for (int o = 0; o < OC; o++) {
 			double *dwr = dw ? dw + (size_t)o * IC : NULL;
 			double sb = 0.0;
@@ -209,7 +212,7 @@ static double attention_row_probs_(double *p, const double *qkv, int b, int t, i
 void ng_ref_attention_fwd(double *out, double *lse, const double *qkv, int B, int T, int H, int D)
 {
 	size_t C3 = (size_t)3 * H * D;
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if((double)B * H * T * T * D >= NG_REF_OMP_MIN_WORK)
 	for (int bh = 0; bh < B * H; bh++) {
 		int b = bh / H, h = bh % H;
 		double *p = malloc((size_t)T * sizeof(double));
@@ -238,7 +241,7 @@ void ng_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, i
 	size_t C3 = (size_t)3 * H * D;
 	double scale = 1.0 / sqrt((double)D);
 	/* Each (b, h) touches only its own q, k, v columns of dqkv: the parallel loop is race-free. */
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if((double)B * H * T * T * D >= NG_REF_OMP_MIN_WORK)
 	for (int bh = 0; bh < B * H; bh++) {
 		int b = bh / H, h = bh % H;
 		double *p = malloc((size_t)2 * T * sizeof(double));
