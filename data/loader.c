@@ -232,8 +232,11 @@ enum ng_status ng_loader_open(struct ng_loader *ld, const struct ng_loader_confi
 		return ng_fail(NG_ERR_INPUT, "loader '%s': bad configuration B=%d T=%d vocab=%d "
 			       "rank=%d world=%d prefetch=%d", cfg->pattern, cfg->B, cfg->T,
 			       cfg->vocab, cfg->rank, cfg->world, cfg->prefetch);
+	if (!cfg->alloc != !cfg->free)
+		return ng_fail(NG_ERR_INPUT, "loader '%s': give both alloc and free, or neither",
+			       cfg->pattern);
 	ld->cfg = *cfg;
-	if (!ld->cfg.alloc || !ld->cfg.free) {
+	if (!ld->cfg.alloc) {
 		ld->cfg.alloc = default_alloc;
 		ld->cfg.free = default_free;
 	}
