@@ -1,0 +1,245 @@
+/*
+ * kernels/elementwise.cu — GELU forward/backward, bias gradient, casts, token split.
+ *
+ * All memory-bound: one thread per 8 elements (16-byte bf16 loads), a scalar tail for n % 8.
+ * GELU uses the tanh approximation of GPT-2 (Hendrycks & Gimpel 2016), in fp32, written with
+ * sigmoids so that small outputs and gradients keep their relative precision.
+ * Bias gradient, bias_grad_row_chunks: blocks of 32 x 8 threads cover 256 columns x one chunk of
+ * BG_ROWS rows; per-chunk sums go to scratch in a fixed order and bias_grad_reduce_chunks adds
+ * them to dbias in chunk order (deterministic, no atomics).
+ */
+#include "kernels/common.cuh"
+
+#include "kernels/elementwise.h"
+
+#define EW_THREADS 256
+#define BG_ROWS 256 /* rows per bias-grad chunk */
+#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K 0.044715f
+
+/* 0.5 (1 + tanh u) = sigmoid(2u) =: sp and 1 - tanh^2 u = 4 sp (1 - sp). Written with the
+ * sigmoid, neither 1 + tanh nor 1 - tanh^2 cancels for negative x (the tanh form loses all the
+ * bits of the gradient at x < -4); for large positive x, 1 - sp does cancel, but there the term
+ * it scales is negligible next to sp ~ 1. */
+static __device__ __forceinline__ float gelu_f(float x)
+{
+	float u = GELU_S * (x + GELU_K * x * x * x);
+	return __fdividef(x, 1.0f + __expf(-2.0f * u));
+}
+
+static __device__ __forceinline__ float gelu_grad_f(float x)
+{
+	float u = GELU_S * (x + GELU_K * x * x * x);
+	float sp = __frcp_rn(1.0f + __expf(-2.0f * u)); /* sigmoid(2u) */
+	return sp + 2.0f * x * sp * (1.0f - sp) * GELU_S * (1.0f + 3.0f * GELU_K * x * x);
+}
+
+static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *inp, size_t n)
+{
+	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (i + 8 <= n) {
+		float x[8];
+		ng_unpack8_(x, ng_load8_stream_(inp + i));
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			x[k] = gelu_f(x[k]);
+		ng_store8_(out + i, ng_pack8_(x));
+	} else {
+		for (; i < n; i++)
+			out[i] = __float2bfloat16_rn(gelu_f(__bfloat162float(inp[i])));
+	}
+}
+
+static __global__ void gelu_bwd_vec8(__nv_bfloat16 *dinp, const __nv_bfloat16 *inp,
+				     const __nv_bfloat16 *dout, size_t n)
+{
+	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (i + 8 <= n) {
+		float x[8], d[8];
+		ng_unpack8_(x, ng_load8_stream_(inp + i));
+		ng_unpack8_(d, ng_load8_stream_(dout + i));
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			d[k] *= gelu_grad_f(x[k]);
+		ng_store8_(dinp + i, ng_pack8_(d));
+	} else {
+		for (; i < n; i++)
+			dinp[i] = __float2bfloat16_rn(gelu_grad_f(__bfloat162float(inp[i])) *
+						      __bfloat162float(dout[i]));
+	}
+}
+
+static __global__ void bias_grad_row_chunks(float *part, const __nv_bfloat16 *dout, int N, int OC)
+{
+	__shared__ float sh[8][256 + 1];
+	int col = blockIdx.x * 256 + threadIdx.x * 8;
+	int r0 = blockIdx.y * BG_ROWS, r1 = min(r0 + BG_ROWS, N);
+	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	if (col < OC)
+		for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+			float d[8];
+			ng_unpack8_(d, ng_load8_stream_(dout + (size_t)r * OC + col));
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				acc[k] += d[k];
+		}
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		sh[threadIdx.y][threadIdx.x * 8 + k] = acc[k];
+	__syncthreads();
+	int t = threadIdx.y * 32 + threadIdx.x; /* 0..255: one column each */
+	if (blockIdx.x * 256 + t < OC) {
+		float s = 0.0f;
+		for (int y = 0; y < 8; y++)
+			s += sh[y][t];
+		part[(size_t)blockIdx.y * OC + blockIdx.x * 256 + t] = s;
+	}
+}
+
+static __global__ void bias_grad_reduce_chunks(float *dbias, const float *part, int nchunks,
+					       int OC)
+{
+	int c = blockIdx.x * blockDim.x + threadIdx.x;
+	if (c >= OC)
+		return;
+	float s = 0.0f;
+	for (int k = 0; k < nchunks; k++)
+		s += part[(size_t)k * OC + c];
+	dbias[c] += s;
+}
+
+static __global__ void cast_f32_to_bf16_vec8(__nv_bfloat16 *out, const float *in, size_t n)
+{
+	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (i + 8 <= n) {
+		float4 a = __ldcs(reinterpret_cast<const float4 *>(in + i));
+		float4 b = __ldcs(reinterpret_cast<const float4 *>(in + i + 4));
+		float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+		ng_store8_(out + i, ng_pack8_(f));
+	} else {
+		for (; i < n; i++)
+			out[i] = __float2bfloat16_rn(in[i]);
+	}
+}
+
+static __global__ void cast_bf16_to_f32_vec8(float *out, const __nv_bfloat16 *in, size_t n)
+{
+	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (i + 8 <= n) {
+		float f[8];
+		ng_unpack8_(f, ng_load8_stream_(in + i));
+		reinterpret_cast<float4 *>(out + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+		reinterpret_cast<float4 *>(out + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+	} else {
+		for (; i < n; i++)
+			out[i] = __bfloat162float(in[i]);
+	}
+}
+
+static __global__ void tokens_split_shift(int32_t *inputs, int32_t *targets,
+					  const uint16_t *windows, int B, int T)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= (size_t)B * T)
+		return;
+	size_t b = i / T, t = i % T;
+	const uint16_t *w = windows + b * (T + 1) + t;
+	inputs[i] = w[0];
+	targets[i] = w[1];
+}
+
+static unsigned grid8(size_t n) { return (unsigned)(((n + 7) / 8 + EW_THREADS - 1) / EW_THREADS); }
+
+static enum ng_status check_vec(const char *who, size_t n, const void *a, const void *b,
+				const void *c)
+{
+	if (n == 0)
+		return ng_check_arg_fail(who, "n must be > 0");
+	if ((n + 7) / 8 > (size_t)EW_THREADS * 0x7fffffffu)
+		return ng_check_arg_fail(who, "n = %zu is too large", n);
+	if (!ng_aligned16_(a) || !ng_aligned16_(b) || !ng_aligned16_(c))
+		return ng_check_arg_fail(who, "pointers must be 16-byte aligned (%p %p %p)", a, b, c);
+	return NG_OK;
+}
+
+extern "C" enum ng_status ng_gelu_fwd(ng_bf16 *out, const ng_bf16 *inp, size_t n, cudaStream_t s)
+{
+	enum ng_status st = check_vec("ng_gelu_fwd", n, out, inp, inp);
+	if (st)
+		return st;
+	gelu_fwd_vec8<<<grid8(n), EW_THREADS, 0, s>>>((__nv_bfloat16 *)out,
+						      (const __nv_bfloat16 *)inp, n);
+	return NG_LAUNCH_CHECK("gelu_fwd_vec8");
+}
+
+extern "C" enum ng_status ng_gelu_bwd(ng_bf16 *dinp, const ng_bf16 *inp, const ng_bf16 *dout,
+				      size_t n, cudaStream_t s)
+{
+	enum ng_status st = check_vec("ng_gelu_bwd", n, dinp, inp, dout);
+	if (st)
+		return st;
+	gelu_bwd_vec8<<<grid8(n), EW_THREADS, 0, s>>>((__nv_bfloat16 *)dinp,
+						      (const __nv_bfloat16 *)inp,
+						      (const __nv_bfloat16 *)dout, n);
+	return NG_LAUNCH_CHECK("gelu_bwd_vec8");
+}
+
+extern "C" size_t ng_bias_grad_scratch_bytes(int N, int OC)
+{
+	if (N <= 0 || OC <= 0)
+		return 0;
+	return (size_t)((N + BG_ROWS - 1) / BG_ROWS) * OC * sizeof(float);
+}
+
+extern "C" enum ng_status ng_bias_grad(float *dbias, const ng_bf16 *dout, int N, int OC,
+				       void *scratch, cudaStream_t s)
+{
+	const char *who = "ng_bias_grad";
+	if (N <= 0 || OC <= 0 || OC % 8 != 0)
+		return ng_check_arg_fail(who, "need N > 0, OC > 0, OC %% 8 == 0, got N=%d OC=%d", N,
+					 OC);
+	if (!ng_aligned16_(dout) || !ng_aligned16_(scratch))
+		return ng_check_arg_fail(who, "dout (%p) and scratch (%p) must be 16-byte aligned",
+					 (const void *)dout, scratch);
+	int nchunks = (N + BG_ROWS - 1) / BG_ROWS;
+	dim3 grid((unsigned)((OC + 255) / 256), (unsigned)nchunks);
+	bias_grad_row_chunks<<<grid, dim3(32, 8), 0, s>>>((float *)scratch,
+							  (const __nv_bfloat16 *)dout, N, OC);
+	enum ng_status st = NG_LAUNCH_CHECK("bias_grad_row_chunks");
+	if (st)
+		return st;
+	bias_grad_reduce_chunks<<<(OC + 255) / 256, 256, 0, s>>>(dbias, (const float *)scratch,
+								 nchunks, OC);
+	return NG_LAUNCH_CHECK("bias_grad_reduce_chunks");
+}
+
+extern "C" enum ng_status ng_cast_f32_to_bf16(ng_bf16 *out, const float *in, size_t n,
+					      cudaStream_t s)
+{
+	enum ng_status st = check_vec("ng_cast_f32_to_bf16", n, out, in, in);
+	if (st)
+		return st;
+	cast_f32_to_bf16_vec8<<<grid8(n), EW_THREADS, 0, s>>>((__nv_bfloat16 *)out, in, n);
+	return NG_LAUNCH_CHECK("cast_f32_to_bf16_vec8");
+}
+
+extern "C" enum ng_status ng_cast_bf16_to_f32(float *out, const ng_bf16 *in, size_t n,
+					      cudaStream_t s)
+{
+	enum ng_status st = check_vec("ng_cast_bf16_to_f32", n, out, in, in);
+	if (st)
+		return st;
+	cast_bf16_to_f32_vec8<<<grid8(n), EW_THREADS, 0, s>>>(out, (const __nv_bfloat16 *)in, n);
+	return NG_LAUNCH_CHECK("cast_bf16_to_f32_vec8");
+}
+
+extern "C" enum ng_status ng_tokens_split(int32_t *inputs, int32_t *targets,
+					  const uint16_t *windows, int B, int T, cudaStream_t s)
+{
+	if (B <= 0 || T <= 0)
+		return ng_check_arg_fail("ng_tokens_split", "need B, T > 0, got B=%d T=%d", B, T);
+	size_t n = (size_t)B * T;
+	tokens_split_shift<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(inputs, targets, windows, B,
+									  T);
+	return NG_LAUNCH_CHECK("tokens_split_shift");
+}

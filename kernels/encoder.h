@@ -1,0 +1,45 @@
+/*
+ * kernels/encoder.h — token + position embedding, forward and backward (GPT-2 input layer).
+ * Shapes: tokens (B, T) int32 in [0, Vp); wte (Vp, C) bf16; wpe (>= T, C) bf16; out (B*T, C) bf16.
+ * The backward is deterministic and needs no host work (a device radix sort of the tokens with
+ * cub, then each token's positions summed in position order), so it can be captured in a graph.
+ * Valid C11; launchers return NG_OK or a recorded error (util/status.h).
+ */
+#ifndef NG_KERNELS_ENCODER_H
+#define NG_KERNELS_ENCODER_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/types.h"
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:], rounded to bf16. C % 8 == 0, pointers 16-byte
+ * aligned. */
+enum ng_status ng_encoder_fwd(ng_bf16 *out,           /* (B*T, C) bf16, = */
+			      const int32_t *tokens,  /* (B, T) int32 */
+			      const ng_bf16 *wte,     /* (Vp, C) bf16 */
+			      const ng_bf16 *wpe,     /* (>= T, C) bf16 */
+			      int B, int T, int C, cudaStream_t s);
+
+/* dwte[v,:] += sum over positions holding token v of dout; dwpe[t,:] += sum over b of dout[b,t].
+ * Deterministic (fixed summation order). scratch: ng_encoder_bwd_scratch_bytes(B, T, C) bytes,
+ * 16-byte aligned. */
+enum ng_status ng_encoder_bwd(float *dwte,            /* (Vp, C) fp32, += */
+			      float *dwpe,            /* (>= T, C) fp32, += */
+			      const ng_bf16 *dout,    /* (B*T, C) bf16 */
+			      const int32_t *tokens,  /* (B, T) int32 */
+			      int B, int T, int C, int Vp, void *scratch, size_t scratch_bytes,
+			      cudaStream_t s);
+size_t ng_encoder_bwd_scratch_bytes(int B, int T, int C);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,369 @@
+/*
+ * kernels/layernorm.cu — LayerNorm forward (optionally fused with the residual add) and backward.
+ *
+ * Forward, layernorm_fwd_warp_per_row<NCH>: one warp per row; lane l owns channels l*8 + 256 j
+ * (16-byte loads), j < NCH, so the row lives in registers (C <= 4096) and all of its loads are in
+ * flight at once. Mean, then the variance around that mean (two passes over the registers: no
+ * cancellation for large-mean inputs), then the output.
+ * Backward, layernorm_bwd_warp_per_row_partials<NCH>: one warp per row (dout, inp, dinp held in
+ * registers), rows strided over a fixed number of blocks; each warp accumulates dw/db partials in
+ * its own shared-memory row, the block sums its warps in order into scratch, and
+ * layernorm_bwd_reduce_partials sums the blocks in order. Same bytes every run.
+ * Formulas: dxhat = dout * w; dinp = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+ * References: llm.c layernorm_forward/backward; Ba et al. 2016 "Layer Normalization".
+ */
+#include "kernels/common.cuh"
+
+#include "kernels/layernorm.h"
+
+#define LN_EPS 1e-5f
+#define LN_MAX_C 4096 /* rows live in registers: 16 chunks of 8 per lane at most */
+#define LN_WARPS 4        /* warps (rows in flight) per block */
+#define LN_BWD_BLOCKS 528 /* fixed block count of the backward (4 per SM of an H100/H200): it
+                           * fixes the summation order, so it must not depend on the device */
+
+/* Chunks of 8 channels each lane holds: lane l owns channels l*8 + 256 j, j < NCH. The row
+ * lives in registers, and all of a row's loads are issued before any is used (memory-level
+ * parallelism: that is what makes a warp-per-row kernel reach HBM bandwidth). */
+template <int NCH, bool RESID>
+static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *resid, __nv_bfloat16 *out,
+						  float *mean, float *rstd,
+						  const __nv_bfloat16 *a, const __nv_bfloat16 *b,
+						  const __nv_bfloat16 *w, const __nv_bfloat16 *bias,
+						  int N, int C)
+{
+	int warp = threadIdx.x / NG_WARP, lane = threadIdx.x % NG_WARP;
+	int row = blockIdx.x * LN_WARPS + warp;
+	if (row >= N)
+		return;
+	size_t off = (size_t)row * C;
+	struct ng_bf16x8 ra[NCH], rb[NCH];
+#pragma unroll
+	for (int j = 0; j < NCH; j++) {
+		int c = lane * 8 + j * NG_WARP * 8;
+		if (c < C) {
+			ra[j] = ng_load8_stream_(a + off + c);
+			if (RESID)
+				rb[j] = ng_load8_stream_(b + off + c);
+		}
+	}
+	float x[NCH][8];
+	float sum = 0.0f;
+#pragma unroll
+	for (int j = 0; j < NCH; j++) {
+		int c = lane * 8 + j * NG_WARP * 8;
+		if (c >= C)
+			continue;
+		ng_unpack8_(x[j], ra[j]);
+		if (RESID) {
+			float u[8];
+			ng_unpack8_(u, rb[j]);
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				x[j][k] += u[k];
+			struct ng_bf16x8 r = ng_pack8_(x[j]);
+			ng_store8_(resid + off + c, r);
+			ng_unpack8_(x[j], r); /* normalise the rounded residual */
+		}
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			sum += x[j][k];
+	}
+	float m = ng_warp_sum_(sum) / C;
+	float var = 0.0f;
+#pragma unroll
+	for (int j = 0; j < NCH; j++)
+		if (lane * 8 + j * NG_WARP * 8 < C)
+#pragma unroll
+			for (int k = 0; k < 8; k++) {
+				float d = x[j][k] - m;
+				var += d * d;
+			}
+	float rs = rsqrtf(ng_warp_sum_(var) / C + LN_EPS);
+#pragma unroll
+	for (int j = 0; j < NCH; j++) {
+		int c = lane * 8 + j * NG_WARP * 8;
+		if (c >= C)
+			continue;
+		float wv[8], bv[8], o[8];
+		ng_unpack8_(wv, ng_load8_(w + c));
+		ng_unpack8_(bv, ng_load8_(bias + c));
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			o[k] = (x[j][k] - m) * rs * wv[k] + bv[k];
+		ng_store8_(out + off + c, ng_pack8_(o));
+	}
+	if (lane == 0) {
+		if (mean)
+			mean[row] = m;
+		if (rstd)
+			rstd[row] = rs;
+	}
+}
+
+/* p[0..8) += v (p 32-byte aligned, shared memory), as two float4 updates. */
+static __device__ __forceinline__ void add8_shared(float *p, const float v[8])
+{
+	float4 *q = reinterpret_cast<float4 *>(p);
+	float4 a = q[0], b = q[1];
+	a.x += v[0], a.y += v[1], a.z += v[2], a.w += v[3];
+	b.x += v[4], b.y += v[5], b.z += v[6], b.w += v[7];
+	q[0] = a;
+	q[1] = b;
+}
+
+template <int NCH>
+static __global__ void layernorm_bwd_warp_per_row_partials(
+	__nv_bfloat16 *dinp, float *part_dw, float *part_db, const __nv_bfloat16 *dout,
+	const __nv_bfloat16 *inp, const __nv_bfloat16 *w, const float *mean, const float *rstd,
+	int N, int C)
+{
+	extern __shared__ float ln_sh[];
+	int warp = threadIdx.x / NG_WARP, lane = threadIdx.x % NG_WARP;
+	float *sdw = ln_sh + (size_t)warp * 2 * C; /* this warp's dw partial, then its db partial */
+	float *sdb = sdw + C;
+	for (int c = lane; c < C; c += NG_WARP) {
+		sdw[c] = 0.0f;
+		sdb[c] = 0.0f;
+	}
+	__syncwarp(); /* lanes below add to slots other lanes zeroed */
+	for (int row = blockIdx.x * LN_WARPS + warp; row < N; row += gridDim.x * LN_WARPS) {
+		size_t off = (size_t)row * C;
+		struct ng_bf16x8 rd[NCH], rx[NCH], rg[NCH];
+#pragma unroll
+		for (int j = 0; j < NCH; j++) {
+			int c = lane * 8 + j * NG_WARP * 8;
+			if (c < C) {
+				rd[j] = ng_load8_stream_(dout + off + c);
+				rx[j] = ng_load8_stream_(inp + off + c);
+				rg[j] = ng_load8_stream_(dinp + off + c);
+			}
+		}
+		float m = mean[row], rs = rstd[row];
+		float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+		for (int j = 0; j < NCH; j++) {
+			int c = lane * 8 + j * NG_WARP * 8;
+			if (c >= C)
+				continue;
+			float d[8], x[8], wv[8];
+			ng_unpack8_(d, rd[j]);
+			ng_unpack8_(x, rx[j]);
+			ng_unpack8_(wv, ng_load8_(w + c));
+#pragma unroll
+			for (int k = 0; k < 8; k++) {
+				float xh = (x[k] - m) * rs, dx = d[k] * wv[k];
+				s1 += dx;
+				s2 += dx * xh;
+			}
+		}
+		s1 = ng_warp_sum_(s1) / C;
+		s2 = ng_warp_sum_(s2) / C;
+#pragma unroll
+		for (int j = 0; j < NCH; j++) {
+			int c = lane * 8 + j * NG_WARP * 8;
+			if (c >= C)
+				continue;
+			float d[8], x[8], wv[8], g[8];
+			ng_unpack8_(d, rd[j]);
+			ng_unpack8_(x, rx[j]);
+			ng_unpack8_(g, rg[j]);
+			ng_unpack8_(wv, ng_load8_(w + c));
+			float pw[8];
+#pragma unroll
+			for (int k = 0; k < 8; k++) {
+				float xh = (x[k] - m) * rs;
+				g[k] += (d[k] * wv[k] - s1 - xh * s2) * rs;
+				pw[k] = d[k] * xh;
+			}
+			ng_store8_(dinp + off + c, ng_pack8_(g));
+			/* 16-byte shared-memory updates: a lane's 8 channels are contiguous, so scalar
+			 * updates would be 8-way bank conflicts */
+			add8_shared(sdw + c, pw);
+			add8_shared(sdb + c, d);
+		}
+	}
+	__syncthreads();
+	for (int c = threadIdx.x; c < C; c += blockDim.x) {
+		float sw = 0.0f, sb = 0.0f;
+		for (int k = 0; k < LN_WARPS; k++) {
+			sw += ln_sh[(size_t)k * 2 * C + c];
+			sb += ln_sh[(size_t)k * 2 * C + C + c];
+		}
+		part_dw[(size_t)blockIdx.x * C + c] = sw;
+		part_db[(size_t)blockIdx.x * C + c] = sb;
+	}
+}
+
+static __global__ void layernorm_bwd_reduce_partials(float *dw, float *db, const float *part_dw,
+						     const float *part_db, int nblocks, int C)
+{
+	int c = blockIdx.x * blockDim.x + threadIdx.x;
+	if (c >= C)
+		return;
+	float sw = 0.0f, sb = 0.0f;
+	for (int k = 0; k < nblocks; k++) {
+		sw += part_dw[(size_t)k * C + c];
+		sb += part_db[(size_t)k * C + c];
+	}
+	dw[c] += sw;
+	db[c] += sb;
+}
+
+static int bwd_blocks(int N)
+{
+	int nb = (N + LN_WARPS - 1) / LN_WARPS;
+	return nb < LN_BWD_BLOCKS ? nb : LN_BWD_BLOCKS;
+}
+
+extern "C" size_t ng_layernorm_bwd_scratch_bytes(int N, int C)
+{
+	if (N <= 0 || C <= 0)
+		return 0;
+	return 2 * (size_t)bwd_blocks(N) * C * sizeof(float);
+}
+
+/* Shared memory above 48 KiB needs an opt-in per kernel (a host call, not a stream operation). */
+template <typename K>
+static enum ng_status ensure_smem(K kernel, size_t bytes)
+{
+	if (bytes <= 48 * 1024)
+		return NG_OK;
+	return NG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						  (int)bytes));
+}
+
+static enum ng_status check_args(const char *who, int N, int C, const void *p0, const void *p1,
+				 const void *p2, const void *p3, const void *p4, const void *p5)
+{
+	if (N <= 0 || C <= 0 || C % 8 != 0 || C > LN_MAX_C)
+		return ng_check_arg_fail(who, "need N > 0, 0 < C <= %d and C %% 8 == 0, got N=%d C=%d",
+					 LN_MAX_C, N, C);
+	const void *ps[6] = {p0, p1, p2, p3, p4, p5};
+	for (int i = 0; i < 6; i++)
+		if (!ng_aligned16_(ps[i]))
+			return ng_check_arg_fail(who, "bf16 pointer %d (%p) is not 16-byte aligned", i,
+						 ps[i]);
+	return NG_OK;
+}
+
+/* The kernel arguments of both directions, so the NCH dispatch is written once. */
+struct ln_args {
+	__nv_bfloat16 *resid, *out, *dinp;            /* outputs (bf16) */
+	float *mean, *rstd, *part_dw, *part_db;       /* statistics / partials (fp32) */
+	const __nv_bfloat16 *a, *b, *w, *bias, *dout; /* inputs (bf16) */
+	const float *cmean, *crstd;                   /* the forward's statistics (backward) */
+	int N, C;                                     /* rows, channels */
+};
+
+/* KIND 0: forward, 1: residual forward, 2: backward partials. */
+template <int NCH, int KIND>
+static enum ng_status ln_launch_nch(const struct ln_args *x, cudaStream_t s)
+{
+	if (KIND == 2) {
+		size_t smem = (size_t)LN_WARPS * 2 * x->C * sizeof(float);
+		enum ng_status st = ensure_smem(layernorm_bwd_warp_per_row_partials<NCH>, smem);
+		if (st)
+			return st;
+		layernorm_bwd_warp_per_row_partials<NCH><<<bwd_blocks(x->N), LN_WARPS * NG_WARP, smem,
+							   s>>>(x->dinp, x->part_dw, x->part_db,
+								x->dout, x->a, x->w, x->cmean,
+								x->crstd, x->N, x->C);
+		return NG_LAUNCH_CHECK("layernorm_bwd_warp_per_row_partials");
+	}
+	unsigned grid = (unsigned)((x->N + LN_WARPS - 1) / LN_WARPS);
+	layernorm_fwd_warp_per_row<NCH, KIND == 1><<<grid, LN_WARPS * NG_WARP, 0, s>>>(
+		x->resid, x->out, x->mean, x->rstd, x->a, x->b, x->w, x->bias, x->N, x->C);
+	return NG_LAUNCH_CHECK("layernorm_fwd_warp_per_row");
+}
+
+/* Picks the smallest instantiated NCH >= C / 256 (C <= LN_MAX_C, checked by the caller). */
+template <int KIND>
+static enum ng_status ln_launch(const struct ln_args *x, cudaStream_t s)
+{
+	int nch = (x->C + NG_WARP * 8 - 1) / (NG_WARP * 8);
+	switch (nch) {
+	case 1: return ln_launch_nch<1, KIND>(x, s);
+	case 2: return ln_launch_nch<2, KIND>(x, s);
+	case 3: return ln_launch_nch<3, KIND>(x, s);
+	case 4: return ln_launch_nch<4, KIND>(x, s);
+	case 5: return ln_launch_nch<5, KIND>(x, s);
+	case 6: return ln_launch_nch<6, KIND>(x, s);
+	case 7: return ln_launch_nch<7, KIND>(x, s);
+	case 8: return ln_launch_nch<8, KIND>(x, s);
+	default: break;
+	}
+	if (nch <= 12)
+		return ln_launch_nch<12, KIND>(x, s);
+	return ln_launch_nch<16, KIND>(x, s);
+}
+
+extern "C" enum ng_status ng_layernorm_fwd(ng_bf16 *out, float *mean, float *rstd,
+					   const ng_bf16 *inp, const ng_bf16 *w, const ng_bf16 *b,
+					   int N, int C, cudaStream_t s)
+{
+	enum ng_status st = check_args("ng_layernorm_fwd", N, C, out, inp, w, b, out, inp);
+	if (st)
+		return st;
+	struct ln_args x = {};
+	x.out = (__nv_bfloat16 *)out;
+	x.mean = mean;
+	x.rstd = rstd;
+	x.a = (const __nv_bfloat16 *)inp;
+	x.w = (const __nv_bfloat16 *)w;
+	x.bias = (const __nv_bfloat16 *)b;
+	x.N = N;
+	x.C = C;
+	return ln_launch<0>(&x, s);
+}
+
+extern "C" enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid, ng_bf16 *out, float *mean,
+						    float *rstd, const ng_bf16 *a,
+						    const ng_bf16 *b, const ng_bf16 *w,
+						    const ng_bf16 *bias, int N, int C,
+						    cudaStream_t s)
+{
+	enum ng_status st =
+		check_args("ng_residual_layernorm_fwd", N, C, resid, out, a, b, w, bias);
+	if (st)
+		return st;
+	struct ln_args x = {};
+	x.resid = (__nv_bfloat16 *)resid;
+	x.out = (__nv_bfloat16 *)out;
+	x.mean = mean;
+	x.rstd = rstd;
+	x.a = (const __nv_bfloat16 *)a;
+	x.b = (const __nv_bfloat16 *)b;
+	x.w = (const __nv_bfloat16 *)w;
+	x.bias = (const __nv_bfloat16 *)bias;
+	x.N = N;
+	x.C = C;
+	return ln_launch<1>(&x, s);
+}
+
+extern "C" enum ng_status ng_layernorm_bwd(ng_bf16 *dinp, float *dw, float *db,
+					   const ng_bf16 *dout, const ng_bf16 *inp,
+					   const ng_bf16 *w, const float *mean, const float *rstd,
+					   int N, int C, void *scratch, cudaStream_t s)
+{
+	enum ng_status st = check_args("ng_layernorm_bwd", N, C, dinp, dout, inp, w, scratch, dinp);
+	if (st)
+		return st;
+	int nb = bwd_blocks(N);
+	struct ln_args x = {};
+	x.dinp = (__nv_bfloat16 *)dinp;
+	x.part_dw = (float *)scratch;
+	x.part_db = x.part_dw + (size_t)nb * C;
+	x.dout = (const __nv_bfloat16 *)dout;
+	x.a = (const __nv_bfloat16 *)inp;
+	x.w = (const __nv_bfloat16 *)w;
+	x.cmean = mean;
+	x.crstd = rstd;
+	x.N = N;
+	x.C = C;
+	if ((st = ln_launch<2>(&x, s)))
+		return st;
+	layernorm_bwd_reduce_partials<<<(C + 255) / 256, 256, 0, s>>>(dw, db, x.part_dw, x.part_db,
+								      nb, C);
+	return NG_LAUNCH_CHECK("layernorm_bwd_reduce_partials");
+}

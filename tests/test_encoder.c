@@ -1,0 +1,144 @@
+/*
+ * tests/test_encoder.c — token + position embedding (kernels/encoder.h) against
+ * ng_ref_encoder_fwd/bwd (graph/cpu_ops.h, double).
+ * Forward: bf16 output vs the rounded reference, 1 ulp. Backward: the FlashAttention rule against
+ * a naive fp32 loop over positions, onto nonzero random dwte/dwpe ("+="), tokens with heavy
+ * repeats (long runs for the sort-and-segment path); and bit-identical over two runs.
+ * Shapes: T = 1, C = 776 (8 x 97), Vp = 50304 and 50257, B*T = 4096.
+ */
+#include <criterion/criterion.h>
+
+#include "graph/cpu_ops.h"
+#include "kernels/encoder.h"
+#include "tests/kernel_testing.h"
+
+/* Random tokens in [0, Vp); with `hot`, half of them are drawn from 3 tokens. */
+static int32_t *random_tokens(struct ng_rng *r, int n, int Vp, int hot)
+{
+	int32_t *t = (int32_t *)kt_xmalloc((size_t)n * sizeof(int32_t));
+	for (int i = 0; i < n; i++)
+		t[i] = (hot && ng_rng_below(r, 2)) ? (int32_t)ng_rng_below(r, 3)
+						   : (int32_t)ng_rng_below(r, (uint64_t)Vp);
+	return t;
+}
+
+static void encoder_fwd_case(int B, int T, int C, int Vp)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t nwte = (size_t)Vp * C, nwpe = (size_t)T * C, nout = (size_t)B * T * C;
+	ng_bf16 *wte = kt_xmalloc(nwte * 2), *wpe = kt_xmalloc(nwpe * 2), *out = kt_xmalloc(nout * 2);
+	double *wte_d = kt_xmalloc(nwte * 8), *wpe_d = kt_xmalloc(nwpe * 8), *ref = kt_xmalloc(nout * 8);
+	kt_fill_bf16(&r, wte, wte_d, nwte, 0.0, 0.5);
+	kt_fill_bf16(&r, wpe, wpe_d, nwpe, 0.1, 0.3);
+	int32_t *tok = random_tokens(&r, B * T, Vp, 0);
+	ng_ref_encoder_fwd(ref, tok, wte_d, wpe_d, B, T, C);
+
+	void *d_wte = kt_upload(wte, nwte * 2), *d_wpe = kt_upload(wpe, nwpe * 2);
+	void *d_tok = kt_upload(tok, (size_t)B * T * 4), *d_out = kt_upload(NULL, nout * 2);
+	kt_ok(ng_encoder_fwd(d_out, d_tok, d_wte, d_wpe, B, T, C, 0), "ng_encoder_fwd");
+	kt_download(out, d_out, nout * 2);
+	char what[96];
+	snprintf(what, sizeof(what), "encoder_fwd B=%d T=%d C=%d Vp=%d", B, T, C, Vp);
+	check_bf16_(what, seed, out, ref, nout, 1.0, 0.0);
+	cudaFree(d_wte), cudaFree(d_wpe), cudaFree(d_tok), cudaFree(d_out);
+	free(wte), free(wpe), free(out), free(wte_d), free(wpe_d), free(ref), free(tok);
+}
+
+static void encoder_bwd_case(int B, int T, int C, int Vp, int hot)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t nwte = (size_t)Vp * C, nwpe = (size_t)T * C, nout = (size_t)B * T * C;
+	ng_bf16 *dout = kt_xmalloc(nout * 2);
+	double *dout_d = kt_xmalloc(nout * 8);
+	kt_fill_bf16(&r, dout, dout_d, nout, 0.0, 1.0);
+	int32_t *tok = random_tokens(&r, B * T, Vp, hot);
+	float *wte0 = kt_xmalloc(nwte * 4), *wpe0 = kt_xmalloc(nwpe * 4);
+	for (size_t i = 0; i < nwte; i++)
+		wte0[i] = (float)ng_rng_normal(&r);
+	for (size_t i = 0; i < nwpe; i++)
+		wpe0[i] = (float)ng_rng_normal(&r);
+
+	/* fp64 reference and naive fp32 loop over positions in order */
+	double *ref_te = kt_f2d(wte0, nwte), *ref_pe = kt_f2d(wpe0, nwpe);
+	ng_ref_encoder_bwd(ref_te, ref_pe, dout_d, tok, B, T, C);
+	float *nv_te = kt_xmalloc(nwte * 4), *nv_pe = kt_xmalloc(nwpe * 4);
+	memcpy(nv_te, wte0, nwte * 4);
+	memcpy(nv_pe, wpe0, nwpe * 4);
+	for (int i = 0; i < B * T; i++)
+		for (int c = 0; c < C; c++) {
+			float d = kt_bf16_to_f32(dout[(size_t)i * C + c]);
+			nv_te[(size_t)tok[i] * C + c] += d;
+			nv_pe[(size_t)(i % T) * C + c] += d;
+		}
+
+	size_t sb = ng_encoder_bwd_scratch_bytes(B, T, C);
+	void *d_dout = kt_upload(dout, nout * 2), *d_tok = kt_upload(tok, (size_t)B * T * 4);
+	void *d_scr = kt_upload(NULL, sb);
+	float *d_te = kt_upload(NULL, nwte * 4), *d_pe = kt_upload(NULL, nwpe * 4);
+	float *got_te[2], *got_pe[2];
+	for (int run = 0; run < 2; run++) {
+		kt_cuda(cudaMemcpy(d_te, wte0, nwte * 4, cudaMemcpyHostToDevice), "H2D");
+		kt_cuda(cudaMemcpy(d_pe, wpe0, nwpe * 4, cudaMemcpyHostToDevice), "H2D");
+		kt_ok(ng_encoder_bwd(d_te, d_pe, d_dout, d_tok, B, T, C, Vp, d_scr, sb, 0),
+		      "ng_encoder_bwd");
+		got_te[run] = kt_xmalloc(nwte * 4);
+		got_pe[run] = kt_xmalloc(nwpe * 4);
+		kt_download(got_te[run], d_te, nwte * 4);
+		kt_download(got_pe[run], d_pe, nwpe * 4);
+	}
+	char what[128];
+	snprintf(what, sizeof(what), "encoder_bwd dwte B=%d T=%d C=%d Vp=%d hot=%d", B, T, C, Vp, hot);
+	double *g = kt_f2d(got_te[0], nwte), *nv = kt_f2d(nv_te, nwte);
+	check_fa_(what, seed, g, nv, ref_te, nwte, 1e-6);
+	free(g), free(nv);
+	snprintf(what, sizeof(what), "encoder_bwd dwpe B=%d T=%d C=%d Vp=%d", B, T, C, Vp);
+	g = kt_f2d(got_pe[0], nwpe), nv = kt_f2d(nv_pe, nwpe);
+	check_fa_(what, seed, g, nv, ref_pe, nwpe, 1e-6);
+	free(g), free(nv);
+	cr_expect(memcmp(got_te[0], got_te[1], nwte * 4) == 0 &&
+		  memcmp(got_pe[0], got_pe[1], nwpe * 4) == 0,
+		  "encoder_bwd B=%d T=%d C=%d: two runs differ (not deterministic); seed %llu", B, T,
+		  C, (unsigned long long)seed);
+	for (int run = 0; run < 2; run++)
+		free(got_te[run]), free(got_pe[run]);
+	cudaFree(d_dout), cudaFree(d_tok), cudaFree(d_scr), cudaFree(d_te), cudaFree(d_pe);
+	free(dout), free(dout_d), free(tok), free(wte0), free(wpe0), free(ref_te), free(ref_pe);
+	free(nv_te), free(nv_pe);
+}
+
+Test(encoder, fwd_shapes)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	encoder_fwd_case(4, 64, 768, 50304);
+	encoder_fwd_case(3, 1, 776, 50257);
+	encoder_fwd_case(2, 37, 8, 131);
+}
+
+Test(encoder, bwd_shapes_and_determinism)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	encoder_bwd_case(4, 64, 768, 50304, 0);
+	encoder_bwd_case(16, 256, 776, 1000, 1);
+	encoder_bwd_case(5, 1, 776, 50257, 1);
+	encoder_bwd_case(2, 37, 8, 131, 1);
+}
+
+Test(encoder, bad_shape_is_an_input_error)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	ng_clear_error();
+	void *p = kt_upload(NULL, 1024);
+	cr_expect(ng_encoder_fwd(p, p, p, p, 1, 1, 12, 0) == NG_ERR_INPUT,
+		  "C=12 (not a multiple of 8) must be refused");
+	cr_expect(strstr(ng_error_message(), "C=12") != NULL, "message names the value: %s",
+		  ng_error_message());
+	cudaFree(p);
+	ng_clear_error();
+}

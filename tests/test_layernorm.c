@@ -1,0 +1,185 @@
+/*
+ * tests/test_layernorm.c — LayerNorm forward, residual + LayerNorm forward and backward
+ * (kernels/layernorm.h) against ng_ref_layernorm_fwd/bwd (graph/cpu_ops.h, double).
+ * bf16 outputs: the rounded reference, 2 ulp + a small atol (cancellation in w*xhat + b).
+ * mean/rstd (fp32): NMSE <= 1e-7. dw/db (reductions): the FlashAttention rule against a naive
+ * fp32 row loop. Backward bytes identical over two runs. Shapes: N = 3 (T = 1), C = 776,
+ * C = 1600 with mean 100 (large-mean inputs), C = 768.
+ */
+#include <criterion/criterion.h>
+
+#include "graph/cpu_ops.h"
+#include "kernels/layernorm.h"
+#include "tests/kernel_testing.h"
+
+static void ln_fwd_case(int N, int C, double mean, int resid)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t n = (size_t)N * C;
+	ng_bf16 *a = kt_xmalloc(n * 2), *b = kt_xmalloc(n * 2), *w = kt_xmalloc(C * 2),
+		*bias = kt_xmalloc(C * 2), *out = kt_xmalloc(n * 2), *res = kt_xmalloc(n * 2);
+	double *a_d = kt_xmalloc(n * 8), *b_d = kt_xmalloc(n * 8), *w_d = kt_xmalloc(C * 8),
+	       *bias_d = kt_xmalloc(C * 8), *x_d = kt_xmalloc(n * 8), *ref = kt_xmalloc(n * 8),
+	       *mref = kt_xmalloc(N * 8), *rref = kt_xmalloc(N * 8);
+	kt_fill_bf16(&r, a, a_d, n, mean, 2.0);
+	kt_fill_bf16(&r, b, b_d, n, 0.0, 1.0);
+	kt_fill_bf16(&r, w, w_d, C, 1.0, 0.2);
+	kt_fill_bf16(&r, bias, bias_d, C, 0.0, 0.2);
+	for (size_t i = 0; i < n; i++) /* the fused kernel normalises the bf16-rounded sum */
+		x_d[i] = resid ? kt_round_bf16((double)((float)a_d[i] + (float)b_d[i])) : a_d[i];
+	ng_ref_layernorm_fwd(ref, mref, rref, x_d, w_d, bias_d, N, C);
+
+	void *d_a = kt_upload(a, n * 2), *d_b = kt_upload(b, n * 2), *d_w = kt_upload(w, C * 2);
+	void *d_bias = kt_upload(bias, C * 2), *d_out = kt_upload(NULL, n * 2);
+	void *d_res = kt_upload(NULL, n * 2);
+	float *d_m = kt_upload(NULL, N * 4), *d_r = kt_upload(NULL, N * 4);
+	if (resid)
+		kt_ok(ng_residual_layernorm_fwd(d_res, d_out, d_m, d_r, d_a, d_b, d_w, d_bias, N, C, 0),
+		      "ng_residual_layernorm_fwd");
+	else
+		kt_ok(ng_layernorm_fwd(d_out, d_m, d_r, d_a, d_w, d_bias, N, C, 0), "ng_layernorm_fwd");
+	float *m = kt_xmalloc(N * 4), *rs = kt_xmalloc(N * 4);
+	kt_download(out, d_out, n * 2);
+	kt_download(m, d_m, N * 4);
+	kt_download(rs, d_r, N * 4);
+	char what[128];
+	snprintf(what, sizeof(what), "%slayernorm_fwd out N=%d C=%d mean=%g", resid ? "residual_" : "",
+		 N, C, mean);
+	double ymax = 0;
+	for (size_t i = 0; i < n; i++)
+		ymax = fmax(ymax, fabs(ref[i]));
+	check_bf16_(what, seed, out, ref, n, 2.0, 1e-5 * ymax);
+	if (resid) {
+		kt_download(res, d_res, n * 2);
+		snprintf(what, sizeof(what), "residual_layernorm_fwd resid N=%d C=%d", N, C);
+		check_bf16_(what, seed, res, x_d, n, 0.0, 0.0);
+	}
+	double *md = kt_f2d(m, N), *rd = kt_f2d(rs, N);
+	snprintf(what, sizeof(what), "layernorm_fwd mean N=%d C=%d mean=%g", N, C, mean);
+	check_nmse_(what, seed, md, mref, N);
+	snprintf(what, sizeof(what), "layernorm_fwd rstd N=%d C=%d mean=%g", N, C, mean);
+	check_nmse_(what, seed, rd, rref, N);
+	cudaFree(d_a), cudaFree(d_b), cudaFree(d_w), cudaFree(d_bias), cudaFree(d_out);
+	cudaFree(d_res), cudaFree(d_m), cudaFree(d_r);
+	free(a), free(b), free(w), free(bias), free(out), free(res), free(a_d), free(b_d), free(w_d);
+	free(bias_d), free(x_d), free(ref), free(mref), free(rref), free(m), free(rs), free(md);
+	free(rd);
+}
+
+static void ln_bwd_case(int N, int C, double mean)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t n = (size_t)N * C;
+	ng_bf16 *x = kt_xmalloc(n * 2), *dout = kt_xmalloc(n * 2), *dinp0 = kt_xmalloc(n * 2),
+		*w = kt_xmalloc(C * 2), *got[2];
+	double *x_d = kt_xmalloc(n * 8), *dout_d = kt_xmalloc(n * 8), *w_d = kt_xmalloc(C * 8),
+	       *dinp_ref = kt_xmalloc(n * 8), *tmp = kt_xmalloc(n * 8), *mref = kt_xmalloc(N * 8),
+	       *rref = kt_xmalloc(N * 8);
+	kt_fill_bf16(&r, x, x_d, n, mean, 2.0);
+	kt_fill_bf16(&r, dout, dout_d, n, 0.0, 1.0);
+	kt_fill_bf16(&r, dinp0, dinp_ref, n, 0.0, 1.0);
+	kt_fill_bf16(&r, w, w_d, C, 1.0, 0.2);
+	float *dw0 = kt_xmalloc(C * 4), *db0 = kt_xmalloc(C * 4), *m = kt_xmalloc(N * 4),
+	      *rs = kt_xmalloc(N * 4);
+	for (int c = 0; c < C; c++) {
+		dw0[c] = (float)ng_rng_normal(&r);
+		db0[c] = (float)ng_rng_normal(&r);
+	}
+	ng_ref_layernorm_fwd(tmp, mref, rref, x_d, w_d, w_d, N, C);
+	for (int i = 0; i < N; i++) { /* the kernel gets fp32 statistics; so does the reference */
+		m[i] = (float)mref[i];
+		rs[i] = (float)rref[i];
+		mref[i] = m[i];
+		rref[i] = rs[i];
+	}
+	double *dw_ref = kt_f2d(dw0, C), *db_ref = kt_f2d(db0, C);
+	ng_ref_layernorm_bwd(dinp_ref, dw_ref, db_ref, dout_d, x_d, w_d, mref, rref, N, C);
+	/* naive fp32 dw/db: a row loop */
+	float *nw = kt_xmalloc(C * 4), *nb = kt_xmalloc(C * 4);
+	memcpy(nw, dw0, C * 4);
+	memcpy(nb, db0, C * 4);
+	for (int i = 0; i < N; i++)
+		for (int c = 0; c < C; c++) {
+			float d = (float)dout_d[(size_t)i * C + c];
+			nw[c] += d * (((float)x_d[(size_t)i * C + c] - m[i]) * rs[i]);
+			nb[c] += d;
+		}
+
+	size_t sb = ng_layernorm_bwd_scratch_bytes(N, C);
+	void *d_x = kt_upload(x, n * 2), *d_dout = kt_upload(dout, n * 2), *d_w = kt_upload(w, C * 2);
+	void *d_dinp = kt_upload(NULL, n * 2), *d_scr = kt_upload(NULL, sb);
+	float *d_dw = kt_upload(NULL, C * 4), *d_db = kt_upload(NULL, C * 4);
+	float *d_m = kt_upload(m, N * 4), *d_r = kt_upload(rs, N * 4);
+	float *gdw[2], *gdb[2];
+	for (int run = 0; run < 2; run++) {
+		kt_cuda(cudaMemcpy(d_dinp, dinp0, n * 2, cudaMemcpyHostToDevice), "H2D");
+		kt_cuda(cudaMemcpy(d_dw, dw0, C * 4, cudaMemcpyHostToDevice), "H2D");
+		kt_cuda(cudaMemcpy(d_db, db0, C * 4, cudaMemcpyHostToDevice), "H2D");
+		kt_ok(ng_layernorm_bwd(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_m, d_r, N, C, d_scr, 0),
+		      "ng_layernorm_bwd");
+		got[run] = kt_xmalloc(n * 2);
+		gdw[run] = kt_xmalloc(C * 4);
+		gdb[run] = kt_xmalloc(C * 4);
+		kt_download(got[run], d_dinp, n * 2);
+		kt_download(gdw[run], d_dw, C * 4);
+		kt_download(gdb[run], d_db, C * 4);
+	}
+	char what[128];
+	double gmax = 0;
+	for (size_t i = 0; i < n; i++)
+		gmax = fmax(gmax, fabs(dinp_ref[i]));
+	snprintf(what, sizeof(what), "layernorm_bwd dinp N=%d C=%d mean=%g", N, C, mean);
+	check_bf16_(what, seed, got[0], dinp_ref, n, 2.0, 1e-4 * gmax);
+	double *g = kt_f2d(gdw[0], C), *nv = kt_f2d(nw, C);
+	snprintf(what, sizeof(what), "layernorm_bwd dw N=%d C=%d mean=%g", N, C, mean);
+	check_fa_(what, seed, g, nv, dw_ref, C, 1e-5);
+	free(g), free(nv);
+	g = kt_f2d(gdb[0], C), nv = kt_f2d(nb, C);
+	snprintf(what, sizeof(what), "layernorm_bwd db N=%d C=%d mean=%g", N, C, mean);
+	check_fa_(what, seed, g, nv, db_ref, C, 1e-5);
+	free(g), free(nv);
+	cr_expect(memcmp(got[0], got[1], n * 2) == 0 && memcmp(gdw[0], gdw[1], C * 4) == 0 &&
+		  memcmp(gdb[0], gdb[1], C * 4) == 0,
+		  "layernorm_bwd N=%d C=%d: two runs differ (not deterministic); seed %llu", N, C,
+		  (unsigned long long)seed);
+	for (int run = 0; run < 2; run++)
+		free(got[run]), free(gdw[run]), free(gdb[run]);
+	cudaFree(d_x), cudaFree(d_dout), cudaFree(d_w), cudaFree(d_dinp), cudaFree(d_scr);
+	cudaFree(d_dw), cudaFree(d_db), cudaFree(d_m), cudaFree(d_r);
+	free(x), free(dout), free(dinp0), free(w), free(x_d), free(dout_d), free(w_d);
+	free(dinp_ref), free(tmp), free(mref), free(rref), free(dw0), free(db0), free(m), free(rs);
+	free(dw_ref), free(db_ref), free(nw), free(nb);
+}
+
+Test(layernorm, fwd_shapes)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	ln_fwd_case(3, 776, 0.0, 0);
+	ln_fwd_case(2048, 768, 0.5, 0);
+	ln_fwd_case(517, 1600, 100.0, 0);
+	ln_fwd_case(1, 8, 3.0, 0);
+}
+
+Test(layernorm, residual_fwd_shapes)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	ln_fwd_case(3, 776, 0.0, 1);
+	ln_fwd_case(1000, 768, 0.0, 1);
+	ln_fwd_case(333, 1600, 50.0, 1);
+}
+
+Test(layernorm, bwd_shapes_and_determinism)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	ln_bwd_case(3, 776, 0.0);
+	ln_bwd_case(4096, 768, 0.0);
+	ln_bwd_case(1111, 1600, 100.0);
+	ln_bwd_case(7, 8, 1.0);
+}

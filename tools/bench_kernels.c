@@ -1,0 +1,366 @@
+/*
+ * tools/bench_kernels.c — times every memory-bound kernel of the step (encoder, layernorm,
+ * GELU, bias grad, cross-entropy, loss accumulate, grad norm, AdamW, cast, token split) at the
+ * d12 (B=64, T=1024, C=768) and d48 (B=16, T=1024, C=1600) shapes, V=50304.
+ *
+ * Method: CUDA events around each launch, 3 warm-ups, the median of 21 timed launches; inputs
+ * rotate over enough copies that each launch's working set exceeds 256 MB (L2 is 60 MB), so the
+ * figures are HBM figures. Bytes are the minimum traffic of the operation (each input read once,
+ * each output written once), so "% of 4.28 TB/s" is against the copy bandwidth of GPU.md.
+ * Buffers hold a constant bit pattern (0x3c3c..: small finite values) except tokens and targets.
+ * Usage: bench_kernels [d12|d48]... (default both). Prints one line per kernel.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/gpt.h"
+#include "kernels/check.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
+#include "kernels/layernorm.h"
+#include "kernels/loss.h"
+#include "kernels/optim.h"
+#include "util/rng.h"
+
+#define REPS 21
+#define WARMUP 3
+#define ROTATE_BYTES (256u << 20)
+#define COPY_BW 4.28e12
+
+/* The problem of one shape, and a bump allocator over one device pool. */
+struct bench {
+	const char *name;       /* "d12" */
+	int B, T, C, V, Vp;     /* shape */
+	size_t N;               /* B*T tokens */
+	size_t P;               /* parameters (flat buffer elements) */
+	char *pool;             /* device pool */
+	size_t pool_bytes;      /* its size */
+	size_t used;            /* bump offset */
+	int32_t *tokens;        /* device (N) tokens, random in [0, V) */
+	int32_t *targets;       /* device (N) targets */
+	struct ng_step_state *st; /* device step state */
+	int copies;             /* rotation copies of the kernel being timed */
+};
+
+static char *carve(struct bench *b, size_t bytes)
+{
+	size_t off = (b->used + 255) & ~(size_t)255;
+	if (off + bytes > b->pool_bytes) {
+		fprintf(stderr, "bench_kernels: pool too small (%zu + %zu > %zu)\n", off, bytes,
+			b->pool_bytes);
+		exit(1);
+	}
+	b->used = off + bytes;
+	return b->pool + off;
+}
+
+/* Carve `copies` copies of an input of `bytes`, rotation-ready: returns the first. */
+static char *carve_rot(struct bench *b, size_t bytes)
+{
+	char *p = carve(b, bytes * b->copies);
+	return p;
+}
+
+static int copies_for(size_t working_set)
+{
+	if (working_set >= ROTATE_BYTES)
+		return 1;
+	size_t k = (ROTATE_BYTES + working_set - 1) / working_set;
+	return k > 64 ? 64 : (int)k;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+/* One kernel: a launcher taking the rotation index. */
+typedef enum ng_status (*launch_fn)(struct bench *b, int rot, void *arg);
+
+static void time_kernel(struct bench *b, const char *kernel, double bytes, launch_fn fn,
+			void *arg)
+{
+	cudaEvent_t e0, e1;
+	cudaEventCreate(&e0);
+	cudaEventCreate(&e1);
+	float ms[REPS];
+	for (int i = 0; i < WARMUP + REPS; i++) {
+		cudaEventRecord(e0, 0);
+		if (fn(b, i, arg) != NG_OK) {
+			fprintf(stderr, "bench_kernels: %s: %s\n", kernel, ng_error_message());
+			exit(1);
+		}
+		cudaEventRecord(e1, 0);
+		cudaEventSynchronize(e1);
+		if (i >= WARMUP)
+			cudaEventElapsedTime(&ms[i - WARMUP], e0, e1);
+	}
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess) {
+		fprintf(stderr, "bench_kernels: %s: %s\n", kernel, cudaGetErrorString(e));
+		exit(1);
+	}
+	qsort(ms, REPS, sizeof(float), cmp_float);
+	double t = ms[REPS / 2] * 1e-3;
+	printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB, %d cop%s)\n",
+	       b->name, kernel, t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / COPY_BW, bytes / 1e6,
+	       b->copies, b->copies == 1 ? "y" : "ies");
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+}
+
+/* Each kernel's buffers: rotation bases and per-copy strides. */
+struct bufs {
+	void *p[6];     /* bases */
+	size_t sz[6];   /* bytes per copy */
+	size_t n;       /* element count or rows */
+	int oc;         /* columns (bias grad) */
+};
+
+#define AT(x, k, r) ((void *)((char *)(x)->p[k] + (size_t)((r) % b->copies) * (x)->sz[k]))
+
+static enum ng_status l_encoder_fwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_encoder_fwd(AT(x, 0, r), b->tokens, AT(x, 1, r), AT(x, 2, r), b->B, b->T, b->C, 0);
+}
+static enum ng_status l_encoder_bwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_encoder_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->tokens, b->B, b->T, b->C,
+			      b->Vp, x->p[3], x->sz[3], 0);
+}
+static enum ng_status l_ln_fwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 3, r), x->p[4],
+				x->p[4], (int)b->N, b->C, 0);
+}
+static enum ng_status l_res_ln_fwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_residual_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 2, r), AT(x, 3, r),
+					 AT(x, 4, r), x->p[5], x->p[5], (int)b->N, b->C, 0);
+}
+static enum ng_status l_ln_bwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_layernorm_bwd(AT(x, 0, r), (float *)x->p[5], (float *)x->p[5] + b->C, AT(x, 1, r),
+				AT(x, 2, r), x->p[4], AT(x, 3, r), AT(x, 3, r), (int)b->N, b->C,
+				(char *)x->p[4] + 65536, 0);
+}
+static enum ng_status l_gelu_fwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_gelu_fwd(AT(x, 0, r), AT(x, 1, r), x->n, 0);
+}
+static enum ng_status l_gelu_bwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_gelu_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 0, r), x->n, 0);
+}
+static enum ng_status l_bias_grad(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_bias_grad((float *)x->p[1], AT(x, 0, r), (int)x->n, x->oc, x->p[2], 0);
+}
+static enum ng_status l_ce(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_crossentropy(AT(x, 1, r), AT(x, 0, r), b->targets, (int)b->N, b->V, b->Vp,
+			       1.0f / (float)b->N, 0);
+}
+static enum ng_status l_ce_fwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_crossentropy_fwd(AT(x, 1, r), AT(x, 0, r), b->targets, (int)b->N, b->V, b->Vp, 0);
+}
+static enum ng_status l_loss_acc(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_loss_accumulate(&b->st->loss_sum, AT(x, 0, r), (int)b->N, 1.0f / (float)b->N, NULL,
+				  0);
+}
+static enum ng_status l_norm(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_grad_norm_squared((float *)x->p[1], AT(x, 0, r), x->n, x->p[2], 0);
+}
+static enum ng_status l_adamw(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_adamw(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 3, r), AT(x, 4, r), x->n, 0.1f,
+			0.9f, 0.95f, 1e-8f, b->st, 0);
+}
+static enum ng_status l_cast(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_cast_f32_to_bf16(AT(x, 0, r), AT(x, 1, r), x->n, 0);
+}
+static enum ng_status l_split(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_tokens_split(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->B, b->T, 0);
+}
+
+/* Sets up x with k inputs of the given sizes (bytes per copy) for a working set of `ws`. */
+static void setup(struct bench *b, struct bufs *x, double ws, int k, const size_t *sz)
+{
+	b->used = 0;
+	b->copies = copies_for((size_t)ws);
+	memset(x, 0, sizeof(*x));
+	for (int i = 0; i < k; i++) {
+		x->sz[i] = (sz[i] + 255) & ~(size_t)255;
+		x->p[i] = carve_rot(b, x->sz[i]);
+	}
+}
+
+static void run_shape(const char *preset, int B)
+{
+	struct ng_gpt_config cfg;
+	struct ng_gpt_layout lay;
+	if (ng_gpt_preset(&cfg, preset) || ng_gpt_check(&cfg)) {
+		fprintf(stderr, "bench_kernels: %s\n", ng_error_message());
+		exit(2);
+	}
+	ng_gpt_layout(&cfg, &lay);
+	struct bench bb = {.name = preset, .B = B, .T = cfg.T, .C = cfg.C, .V = cfg.V,
+			   .Vp = cfg.Vp, .N = (size_t)B * cfg.T, .P = lay.total};
+	struct bench *b = &bb;
+	size_t N = b->N, C = (size_t)b->C, P = b->P;
+	/* the largest user: AdamW, 30 bytes per parameter, one copy */
+	b->pool_bytes = 32 * P + (64u << 20);
+	if (b->pool_bytes < 3 * N * (size_t)b->Vp + (512u << 20))
+		b->pool_bytes = 3 * N * (size_t)b->Vp + (512u << 20);
+	if (NG_CUDA_CHECK(cudaMalloc((void **)&b->pool, b->pool_bytes)) ||
+	    NG_CUDA_CHECK(cudaMemset(b->pool, 0x3c, b->pool_bytes))) {
+		fprintf(stderr, "bench_kernels: %s\n", ng_error_message());
+		exit(1);
+	}
+	/* tokens/targets and state live outside the pool */
+	int32_t *h = malloc(N * 4);
+	struct ng_rng rng;
+	ng_rng_seed(&rng, 1234);
+	char *seen = calloc((size_t)b->Vp, 1);
+	size_t uniq = 0;
+	for (size_t i = 0; i < N; i++) {
+		h[i] = (int32_t)ng_rng_below(&rng, (uint64_t)b->V);
+		uniq += !seen[h[i]];
+		seen[h[i]] = 1;
+	}
+	cudaMalloc((void **)&b->tokens, N * 4);
+	cudaMalloc((void **)&b->targets, N * 4);
+	cudaMalloc((void **)&b->st, sizeof(struct ng_step_state));
+	cudaMemcpy(b->tokens, h, N * 4, cudaMemcpyHostToDevice);
+	cudaMemcpy(b->targets, h, N * 4, cudaMemcpyHostToDevice);
+	struct ng_step_state st = {0};
+	st.lr = 1e-4f;
+	st.clip_scale = 1.0f;
+	cudaMemcpy(b->st, &st, sizeof(st), cudaMemcpyHostToDevice);
+	free(h);
+	free(seen);
+
+	struct bufs x;
+	size_t act = N * C * 2, wte = (size_t)b->Vp * C, wpe = (size_t)b->T * C;
+	double by;
+
+	by = 2.0 * act + wpe * 2 + N * 4;
+	setup(b, &x, by, 3, (size_t[]){act, wte * 2, wpe * 2});
+	time_kernel(b, "encoder_fwd", by, l_encoder_fwd, &x);
+
+	by = act + 2.0 * uniq * C * 4 + 2.0 * wpe * 4;
+	setup(b, &x, by, 4, (size_t[]){wte * 4, wpe * 4, act, 0});
+	x.sz[3] = ng_encoder_bwd_scratch_bytes(b->B, b->T, b->C);
+	x.p[3] = carve(b, x.sz[3]);
+	time_kernel(b, "encoder_bwd (sort+runs)", by, l_encoder_bwd, &x);
+
+	by = 2.0 * act + 8.0 * N;
+	setup(b, &x, by, 5, (size_t[]){act, N * 4, N * 4, act, 0});
+	x.p[4] = carve(b, (64u << 20));
+	time_kernel(b, "layernorm_fwd", by, l_ln_fwd, &x);
+
+	by = 4.0 * act + 8.0 * N;
+	setup(b, &x, by, 6, (size_t[]){act, act, N * 4, act, act, 0});
+	x.p[5] = carve(b, C * 4);
+	time_kernel(b, "residual_layernorm_fwd", by, l_res_ln_fwd, &x);
+
+	by = 4.0 * act + 8.0 * N;
+	setup(b, &x, by, 6, (size_t[]){act, act, act, N * 4, 0, 0});
+	x.p[4] = carve(b, 65536 + ng_layernorm_bwd_scratch_bytes((int)N, b->C));
+	x.p[5] = carve(b, 2 * C * 4);
+	time_kernel(b, "layernorm_bwd", by, l_ln_bwd, &x);
+
+	x.n = N * 4 * C;
+	by = 4.0 * x.n;
+	setup(b, &x, by, 2, (size_t[]){x.n * 2, x.n * 2});
+	x.n = N * 4 * C;
+	time_kernel(b, "gelu_fwd (N x 4C)", by, l_gelu_fwd, &x);
+	by = 6.0 * x.n;
+	time_kernel(b, "gelu_bwd (N x 4C, in place)", by, l_gelu_bwd, &x);
+
+	by = 2.0 * N * 4 * C;
+	setup(b, &x, by, 1, (size_t[]){N * 4 * C * 2});
+	x.n = N;
+	x.oc = 4 * b->C;
+	x.p[1] = carve(b, 4 * C * 4);
+	x.p[2] = carve(b, ng_bias_grad_scratch_bytes((int)N, x.oc));
+	time_kernel(b, "bias_grad (OC = 4C)", by, l_bias_grad, &x);
+
+	size_t logits = N * (size_t)b->Vp * 2;
+	by = 2.0 * logits + 8.0 * N;
+	setup(b, &x, by, 2, (size_t[]){logits, N * 4});
+	time_kernel(b, "crossentropy (fwd+dlogits)", by, l_ce, &x);
+	by = 1.0 * logits + 8.0 * N;
+	time_kernel(b, "crossentropy_fwd (eval)", by, l_ce_fwd, &x);
+
+	by = 4.0 * N;
+	setup(b, &x, by, 1, (size_t[]){N * 4});
+	time_kernel(b, "loss_accumulate", by, l_loss_acc, &x);
+
+	x.n = P;
+	by = 4.0 * P;
+	setup(b, &x, by, 1, (size_t[]){P * 4});
+	x.n = P;
+	x.p[1] = carve(b, 4);
+	x.p[2] = carve(b, ng_grad_norm_scratch_bytes(P));
+	time_kernel(b, "grad_norm_squared (all P)", by, l_norm, &x);
+
+	by = 30.0 * P;
+	setup(b, &x, by, 5, (size_t[]){P * 4, P * 2, P * 4, P * 4, P * 4});
+	x.n = P;
+	time_kernel(b, "adamw (all P, one launch)", by, l_adamw, &x);
+
+	by = 6.0 * P;
+	setup(b, &x, by, 2, (size_t[]){P * 2, P * 4});
+	x.n = P;
+	time_kernel(b, "cast_f32_to_bf16 (all P)", by, l_cast, &x);
+
+	by = 10.0 * N;
+	setup(b, &x, by, 3, (size_t[]){N * 4, N * 4, (size_t)b->B * (b->T + 1) * 2});
+	time_kernel(b, "tokens_split", by, l_split, &x);
+
+	cudaFree(b->pool);
+	cudaFree(b->tokens);
+	cudaFree(b->targets);
+	cudaFree(b->st);
+}
+
+int main(int argc, char **argv)
+{
+	if (ng_cuda_device_count() == 0) {
+		fprintf(stderr, "bench_kernels: no CUDA device\n");
+		return 1;
+	}
+	printf("# shape kernel  median-time  GB/s  %%-of-copy-bandwidth  (bytes moved, rotation)\n");
+	if (argc < 2) {
+		run_shape("d12", 64);
+		run_shape("d48", 16);
+	}
+	for (int i = 1; i < argc; i++)
+		run_shape(argv[i], strcmp(argv[i], "d12") == 0 ? 64 : 16);
+	return 0;
+}
