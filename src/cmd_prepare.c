@@ -11,8 +11,9 @@
  * val_000000.bin (more val shards if N > --shard-tokens), the rest to train_000000.bin,
  * train_000001.bin, ... of at most --shard-tokens each.
  *
- * Speed: files are read in rounds of ~32 MB; a round's documents are cut into ~1 MB chunks that
- * all cores encode (each thread with its own BPE cache); chunks are appended in order, so the
+ * Speed: files are read in rounds of ~32 MB; a round's documents are grouped into ~1 MB chunks
+ * (a longer document is cut where the cut provably does not change its tokens) that all cores
+ * encode (each thread with its own BPE cache); chunks are appended in order, so the
  * output does not depend on the thread count. A progress bar goes to stderr on a terminal.
  *
  * Safety: every input, the vocabulary and the output directory are checked before any work;
@@ -45,6 +46,7 @@ enum split_mode { SPLIT_WHOLE, SPLIT_BLANK, SPLIT_LINE };
 struct doc {
 	const char *text; /* inside a file buffer */
 	size_t len;       /* bytes */
+	bool cont;        /* continues the previous piece of a long document: no EOT before it */
 };
 
 struct chunk {
@@ -186,7 +188,7 @@ static enum ng_status split_docs(const char *text, size_t len, enum split_mode m
 						return ng_fail(NG_ERR_RUNTIME, "prepare: out of memory");
 					*docs = d;
 				}
-				(*docs)[(*n)++] = (struct doc){ text + start, at - start };
+				(*docs)[(*n)++] = (struct doc){ text + start, at - start, false };
 			}
 			start = eol;
 		}
@@ -209,7 +211,8 @@ static void encode_chunks(struct round *r, struct bar *bar, size_t done_before)
 		struct chunk *ch = &r->chunks[c];
 		enum ng_status st = NG_OK;
 		for (size_t d = ch->first; d < ch->first + ch->count && !st; d++) {
-			st = ng_token_buf_push(&ch->out, NG_TOKENIZER_EOT);
+			if (!r->docs[d].cont)
+				st = ng_token_buf_push(&ch->out, NG_TOKENIZER_EOT);
 			if (!st)
 				st = ng_tokenizer_encode(r->tok, &cache, r->docs[d].text,
 							 r->docs[d].len, &ch->out);
@@ -229,6 +232,39 @@ static void encode_chunks(struct round *r, struct bar *bar, size_t done_before)
 		}
 	}
 	ng_bpe_cache_free(&cache);
+}
+
+static bool ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+/* Cut documents longer than CHUNK_BYTES into pieces so that all threads share the work. A cut
+ * goes only between an ASCII letter and " <ASCII letter>": the GPT-2 pattern always ends a
+ * pre-token there (a letter run stops at the space, and nothing else matches a letter), so the
+ * pieces encode to exactly the tokens of the whole. Rewrites docs[from..*n). */
+static enum ng_status cut_long_docs(struct doc **docs, size_t from, size_t *n, size_t *cap)
+{
+	for (size_t i = from; i < *n; i++) {
+		struct doc d = (*docs)[i];
+		if (d.len <= 2 * CHUNK_BYTES)
+			continue;
+		size_t at = CHUNK_BYTES;
+		while (at + 1 < d.len && !(ascii_letter(d.text[at - 1]) && d.text[at] == ' ' &&
+					    ascii_letter(d.text[at + 1])))
+			at++;
+		if (at + 1 >= d.len)
+			continue; /* no safe cut: one piece */
+		if (*n == *cap) {
+			*cap *= 2;
+			struct doc *g = realloc(*docs, *cap * sizeof(**docs));
+			if (!g)
+				return ng_fail(NG_ERR_RUNTIME, "prepare: out of memory");
+			*docs = g;
+		}
+		memmove(*docs + i + 2, *docs + i + 1, (*n - i - 1) * sizeof(**docs));
+		(*n)++;
+		(*docs)[i].len = at;
+		(*docs)[i + 1] = (struct doc){ d.text + at, d.len - at, true };
+	}
+	return NG_OK;
 }
 
 static void *encode_worker(void *arg)
@@ -406,17 +442,19 @@ static enum ng_status run_files(const struct ng_tokenizer *tok, char **files, in
 		size_t bytes = 0;
 		ndocs = 0;
 		while (f < nfiles && !st && (bytes == 0 || bytes < ROUND_BYTES)) {
-			size_t len;
+			size_t len, before = ndocs;
 			st = read_file(files[f], &bufs[f], &len);
 			if (!st)
 				st = split_docs(bufs[f], len, mode, sep, &docs, &ndocs, &cap);
+			*ndocs_out += ndocs - before;
+			if (!st)
+				st = cut_long_docs(&docs, before, &ndocs, &cap);
 			bytes += len;
 			f++;
 		}
 		if (!st)
 			st = encode_round(tok, docs, ndocs, thread_count(), val, val_left, train, bar,
 					  &done);
-		*ndocs_out += ndocs;
 		for (int i = first; i < f; i++)
 			free(bufs[i]);
 	}

@@ -171,6 +171,15 @@ Test(prepare, large_input_parallel_equals_serial)
 	const char *args[] = { "prepare", "--vocab", vocab, "--out", out, "--split", "%",
 			       "--val-tokens", "1000", in, NULL };
 	cr_assert_eq(run(args), NG_OK, "%s", ng_error_message());
+	/* one 3 MB document, cut into pieces for the threads: still the tokens of the whole */
+	const char *whole[] = { text };
+	text[n] = '\0';
+	char wout[140];
+	snprintf(wout, sizeof(wout), "%s/whole", dir);
+	const char *wargs[] = { "prepare", "--vocab", vocab, "--out", wout, "--split", "whole",
+				"--shard-tokens", "999999", in, NULL };
+	cr_assert_eq(run(wargs), NG_OK, "%s", ng_error_message());
+	expect_stream(wout, whole, 1, 0, 999999);
 	/* the serial expectation: split by hand at "\n%\n" (the "%" lines) */
 	const char **docs = malloc(sizeof(char *) * (size_t)(ndocs + 2));
 	int nd = 0;
