@@ -118,8 +118,6 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 		return ng_encoder_bwd_scratch_bytes(g->B, g->T, m->C);
 	case NG_OP_GRAD_NORM:
 		return ng_grad_norm_scratch_bytes(g->lay.total);
-	case NG_OP_LOSS_ACCUMULATE:
-		return 64 * 1024; /* partial sums; the kernel checks its own need */
 	default:
 		return 0;
 	}
@@ -174,7 +172,16 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		if (NG_CUDA_CHECK(cudaMemcpyAsync(tp(e, g, op->out[0]), src, t->bytes,
 						  cudaMemcpyHostToDevice, s)))
 			return NG_ERR_RUNTIME;
-		if (g->kind == NG_GRAPH_TRAIN && NG_CUDA_CHECK(cudaEventRecord(e->h2d_done, s)))
+		if (g->kind != NG_GRAPH_TRAIN)
+			return NG_OK;
+		/* inside capture the record must be an external event node, so that the host can
+		 * wait on it after each replay; outside capture it is a plain record */
+		enum cudaStreamCaptureStatus cs;
+		if (NG_CUDA_CHECK(cudaStreamIsCapturing(s, &cs)))
+			return NG_ERR_RUNTIME;
+		unsigned flags = cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal
+								      : cudaEventRecordDefault;
+		if (NG_CUDA_CHECK(cudaEventRecordWithFlags(e->h2d_done, s, flags)))
 			return NG_ERR_RUNTIME;
 		return NG_OK;
 	}
@@ -437,8 +444,10 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	    NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->h2d_done, cudaEventDisableTiming)))
 		return NG_ERR_RUNTIME;
 	for (int i = 0; i < NG_EXEC_RING; i++)
-		if (NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->done[i], cudaEventDisableTiming)))
+		if (NG_CUDA_CHECK(cudaEventCreate(&e->done[i])))
 			return NG_ERR_RUNTIME;
+	if (NG_CUDA_CHECK(cudaEventCreate(&e->start)))
+		return NG_ERR_RUNTIME;
 	memset(e->h_tokens, 0, tok);
 	memset(e->ring, 0, sizeof(*e->ring) * NG_EXEC_RING);
 
@@ -490,6 +499,8 @@ void ng_exec_free(struct ng_exec *e)
 			cudaEventDestroy(e->done[i]);
 	if (e->h2d_done)
 		cudaEventDestroy(e->h2d_done);
+	if (e->start)
+		cudaEventDestroy(e->start);
 	cudaFreeHost(e->h_tokens);
 	cudaFreeHost(e->h_eval_tokens);
 	cudaFreeHost(e->ring);
@@ -518,6 +529,8 @@ enum ng_status ng_exec_submit(struct ng_exec *e)
 		return ng_fail(NG_ERR_RUNTIME, "metrics ring overrun: %lld steps not collected",
 			       e->submitted - e->collected);
 	enum ng_status st;
+	if (e->submitted == 0 && NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream)))
+		return NG_ERR_RUNTIME;
 	if (e->cfg.no_graph)
 		st = run_graph_eager(e, &e->train, e->train_plan);
 	else
@@ -530,8 +543,8 @@ enum ng_status ng_exec_submit(struct ng_exec *e)
 	return NG_OK;
 }
 
-enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, int max, bool wait,
-			       int *n)
+enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, float *ms, int max,
+			       bool wait, int *n)
 {
 	*n = 0;
 	while (e->collected < e->submitted && *n < max) {
@@ -541,6 +554,14 @@ enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out,
 			break;
 		if (NG_CUDA_CHECK(q))
 			return NG_ERR_RUNTIME;
+		if (ms) {
+			cudaEvent_t prev = e->collected ? e->done[(e->collected - 1) % NG_EXEC_RING]
+							: e->start;
+			float t = 0;
+			if (NG_CUDA_CHECK(cudaEventElapsedTime(&t, prev, ev)))
+				return NG_ERR_RUNTIME;
+			ms[*n] = t;
+		}
 		out[(*n)++] = e->ring[e->collected % NG_EXEC_RING];
 		e->collected++;
 	}

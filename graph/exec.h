@@ -67,7 +67,9 @@ struct ng_exec {
 	struct ng_metrics_record *ring;   /* host-mapped pinned ring, NG_EXEC_RING records */
 	struct ng_metrics_record *d_ring; /* its device address */
 	cudaEvent_t h2d_done;          /* recorded inside the step right after the token copy */
-	cudaEvent_t done[NG_EXEC_RING];/* recorded after each submitted step */
+	cudaEvent_t done[NG_EXEC_RING];/* recorded after each submitted step (timing events) */
+	cudaEvent_t start;             /* recorded before the first submitted step */
+	float last_ms[NG_EXEC_RING];   /* device time of each collected step, ms (ng_exec_collect) */
 	cudaGraph_t train_graph;       /* the captured step (kept for the DOT dump) */
 	cudaGraphExec_t train_exec;
 	cudaGraph_t eval_graph;
@@ -90,9 +92,10 @@ void ng_exec_free(struct ng_exec *e);
 enum ng_status ng_exec_input(struct ng_exec *e, uint16_t **tokens);
 /* Launch one step (graph replay, or the nodes eagerly with no_graph). */
 enum ng_status ng_exec_submit(struct ng_exec *e);
-/* Metrics of completed steps, oldest first (at most max); wait: until all submitted completed. */
-enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, int max, bool wait,
-			       int *n);
+/* Metrics of completed steps, oldest first (at most max); wait: until all submitted completed.
+ * ms[i] (may be NULL) gets each step's device time, from the events between replays. */
+enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, float *ms, int max,
+			       bool wait, int *n);
 /* Mean loss over eval_batches batches of B*(T+1) tokens (synchronous). */
 enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss);
 

@@ -16,12 +16,13 @@ static enum ng_status cu_submit(void *ctx) { return ng_exec_submit(ctx); }
 static enum ng_status cu_collect(void *ctx, struct ng_step_result *out, int max, bool wait, int *n)
 {
 	struct ng_metrics_record rec[NG_EXEC_RING];
+	float ms[NG_EXEC_RING];
 	if (max > NG_EXEC_RING)
 		max = NG_EXEC_RING;
-	enum ng_status st = ng_exec_collect(ctx, rec, max, wait, n);
+	enum ng_status st = ng_exec_collect(ctx, rec, ms, max, wait, n);
 	for (int i = 0; i < *n; i++)
 		out[i] = (struct ng_step_result){ rec[i].step, rec[i].loss, rec[i].grad_norm,
-						  rec[i].lr, rec[i].skipped != 0 };
+						  rec[i].lr, rec[i].skipped != 0, ms[i] };
 	return st;
 }
 

@@ -18,7 +18,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		.seed = 1337, .device = "cuda", .log_every = 0,
 	};
 	struct ng_model_args ma;
-	struct ng_flag flags[NG_MODEL_NFLAGS + 24];
+	struct ng_flag flags[NG_MODEL_NFLAGS + 32];
 	ng_cli_model_flags(&ma, flags, "d12", 64);
 	struct ng_flag more[] = {
 		{ "--steps", NG_FLAG_INT, &o.steps, 1, 1e12, "N", "optimizer steps (200)", false },
@@ -35,6 +35,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "global gradient-norm clip, 0 = off (1.0)", false },
 		{ "--train", NG_FLAG_STRING, &o.train_glob, 0, 0, "GLOB",
 		  "training shards (default: the built-in synthetic corpus)", false },
+		{ "--no-shuffle", NG_FLAG_BOOL, &o.no_shuffle, 0, 0, NULL,
+		  "read training windows in file order (as the PyTorch peer does)", false },
 		{ "--val", NG_FLAG_STRING, &o.val_glob, 0, 0, "GLOB", "validation shards", false },
 		{ "--val-every", NG_FLAG_INT, &o.val_every, 0, 1e12, "N",
 		  "validate every N steps, 0 = at the end only (0)", false },

@@ -48,7 +48,7 @@ static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
 	} else {
 		struct ng_loader_config lc = {
 			.pattern = o->train_glob, .B = s->B, .T = s->T, .vocab = s->model.V,
-			.rank = 0, .world = 1, .seed = (uint64_t)o->seed, .shuffle = true,
+			.rank = 0, .world = 1, .seed = (uint64_t)o->seed, .shuffle = !o->no_shuffle,
 			.prefetch = 4,
 		};
 		st = ng_loader_open(&f->train, &lc);
@@ -129,7 +129,7 @@ struct logger {
 static void log_result(struct logger *lg, const struct ng_step_result *r, bool print)
 {
 	double t = now_s();
-	double ms = (t - lg->t_last) * 1e3 / (double)(r->step - lg->last_step);
+	double ms = r->ms > 0 ? r->ms : (t - lg->t_last) * 1e3 / (double)(r->step - lg->last_step);
 	lg->t_last = t;
 	lg->last_step = r->step;
 	double tok_s = lg->tokens_per_step / (ms * 1e-3);

@@ -23,6 +23,7 @@ struct ng_train_opts {
 	double clip;               /* global-norm clip; 0 = off */
 	double beta1, beta2, eps;  /* AdamW */
 	const char *train_glob;    /* NULL: the synthetic corpus */
+	bool no_shuffle;           /* read training windows in file order (peer parity runs) */
 	const char *val_glob;      /* NULL: synthetic (or none with --train) */
 	long long val_every;       /* validate every N steps (and at the end); 0 = only at the end */
 	long long val_batches;     /* micro-batches per validation */
@@ -44,6 +45,7 @@ struct ng_step_result {
 	double grad_norm;  /* before clipping */
 	double lr;
 	bool skipped;      /* update skipped: non-finite loss or gradient */
+	double ms;         /* the step's time (GPU: device time between replays); 0 = unknown */
 };
 
 struct ng_backend {

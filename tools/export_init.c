@@ -1,0 +1,37 @@
+/*
+ * tools/export_init.c — write the seeded initial parameters of a model preset as a flat float32
+ * file in graph/gpt.h's layout, for the PyTorch peer (tools/peer/gpt_peer.py) to load, so both
+ * start from the same weights. Usage: export_init MODEL SEED OUT
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph/gpt.h"
+
+int main(int argc, char **argv)
+{
+	if (argc != 4) {
+		fprintf(stderr, "usage: export_init tiny|d12|d24|d36|d48 SEED OUT\n");
+		return 2;
+	}
+	struct ng_gpt_config cfg;
+	if (ng_gpt_preset(&cfg, argv[1]) != NG_OK) {
+		ng_print_error();
+		return 2;
+	}
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(&cfg, &lay);
+	float *p = malloc(lay.total * sizeof(float));
+	if (!p)
+		return 1;
+	ng_gpt_init(&cfg, &lay, strtoull(argv[2], NULL, 10), p);
+	FILE *f = fopen(argv[3], "wb");
+	if (!f || fwrite(p, sizeof(float), lay.total, f) != lay.total || fclose(f) != 0) {
+		fprintf(stderr, "export_init: cannot write %s\n", argv[3]);
+		return 1;
+	}
+	printf("export_init: %s seed %s: %zu floats (%zu parameters) -> %s\n", argv[1], argv[2],
+	       lay.total, lay.n_params, argv[3]);
+	free(p);
+	return 0;
+}
