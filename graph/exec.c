@@ -327,6 +327,77 @@ static enum ng_status run_graph_eager(struct ng_exec *e, const struct ng_graph *
 	return NG_OK;
 }
 
+/* One eager run of the train step with an event after every op: e->op_ms[i] = device time of
+ * op i (including any gap before it, so launch-bound ops show as such). Init time only. */
+static enum ng_status profile_step(struct ng_exec *e)
+{
+	const struct ng_graph *g = &e->train;
+	int n = g->n_ops;
+	cudaEvent_t *ev = calloc((size_t)n + 1, sizeof(*ev));
+	e->op_ms = calloc((size_t)n, sizeof(float));
+	if (!ev || !e->op_ms) {
+		free(ev);
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	}
+	enum ng_status st = NG_OK;
+	for (int i = 0; i <= n && !st; i++)
+		st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaEventRecord(ev[0], e->stream));
+	for (int i = 0; i < n && !st; i++) {
+		st = run_op(e, g, &g->ops[i], e->train_plan[i]);
+		if (!st)
+			st = NG_CUDA_CHECK(cudaEventRecord(ev[i + 1], e->stream));
+	}
+	ng_check_set_node(NULL);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	for (int i = 0; i < n && !st; i++)
+		st = NG_CUDA_CHECK(cudaEventElapsedTime(&e->op_ms[i], ev[i], ev[i + 1]));
+	for (int i = 0; i <= n; i++)
+		if (ev[i])
+			cudaEventDestroy(ev[i]);
+	free(ev);
+	return st;
+}
+
+void ng_exec_print_profile(const struct ng_exec *e, void *file)
+{
+	FILE *f = file;
+	const struct ng_graph *g = &e->train;
+	if (!e->op_ms)
+		return;
+	struct row {
+		int kind, which;
+		double ms;
+		int count;
+	} rows[NG_OP_KIND_COUNT * NG_OP_WHICH_COUNT];
+	int nr = 0;
+	double total = 0;
+	for (int i = 0; i < g->n_ops; i++) {
+		const struct ng_op *op = &g->ops[i];
+		int j = 0;
+		while (j < nr && !(rows[j].kind == (int)op->kind && rows[j].which == (int)op->which))
+			j++;
+		if (j == nr)
+			rows[nr++] = (struct row){ op->kind, op->which, 0, 0 };
+		rows[j].ms += e->op_ms[i];
+		rows[j].count++;
+		total += e->op_ms[i];
+	}
+	for (int a = 1; a < nr; a++) /* insertion sort, largest first */
+		for (int b = a; b > 0 && rows[b].ms > rows[b - 1].ms; b--) {
+			struct row t = rows[b];
+			rows[b] = rows[b - 1];
+			rows[b - 1] = t;
+		}
+	fprintf(f, "profile of one eager step (%d ops, %.2f ms of device time):\n", g->n_ops, total);
+	for (int j = 0; j < nr; j++)
+		fprintf(f, "  %-24s %-8s x%-4d %8.3f ms  %5.1f%%\n", ng_op_kind_name(rows[j].kind),
+			ng_op_which_name(rows[j].which), rows[j].count, rows[j].ms,
+			100 * rows[j].ms / total);
+}
+
 static enum ng_status capture(struct ng_exec *e, const struct ng_graph *g, const int *pl,
 			      cudaGraph_t *graph, cudaGraphExec_t *exec)
 {
@@ -461,6 +532,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	}
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	if (!st && cfg->profile)
+		st = profile_step(e);
 	if (!st)
 		st = reset_state(e);
 	if (!st && !cfg->no_graph)
@@ -509,6 +582,7 @@ void ng_exec_free(struct ng_exec *e)
 		cudaStreamDestroy(e->stream);
 	free(e->train_plan);
 	free(e->eval_plan);
+	free(e->op_ms);
 	ng_graph_free(&e->train);
 	ng_graph_free(&e->eval);
 	e->inited = false;

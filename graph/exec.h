@@ -41,6 +41,7 @@ struct ng_exec_config {
 	int no_graph;                  /* launch the nodes eagerly every step */
 	int force_naive_attention;     /* plain CUDA attention instead of cuDNN */
 	int autotune;                  /* time cuBLASLt candidates at plan time */
+	int profile;                   /* time every op of one eager step at init (op_ms) */
 };
 
 struct ng_exec_matmul {
@@ -76,6 +77,7 @@ struct ng_exec {
 	cudaGraphExec_t eval_exec;
 	long long submitted;           /* steps launched */
 	long long collected;           /* steps whose metrics were read */
+	float *op_ms;                  /* profile: device ms of each train op (n_ops), or NULL */
 	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
 	char device_name[256];
 	size_t device_total_bytes;     /* the GPU's memory */
@@ -102,6 +104,8 @@ enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, doubl
 /* Copy a persistent flat buffer to the host: which = t_params (float), t_grads (float),
  * t_params_bf16 (uint16) ... any tensor index of the train graph (synchronous; not in a step). */
 enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host);
+/* Print the profile (op_ms) grouped by op kind and layer type, largest first, to `f`. */
+void ng_exec_print_profile(const struct ng_exec *e, void *file);
 /* Write cuda_graph.dot of the captured step to `path` and count its nodes by type into `text`. */
 enum ng_status ng_exec_dump_cuda_graph(struct ng_exec *e, const char *path, char *text, size_t n);
 

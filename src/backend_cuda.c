@@ -60,6 +60,8 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->seed = (uint64_t)o->seed;
 	c->deterministic = o->deterministic;
 	c->no_graph = o->no_graph;
+	c->profile = o->profile;
+	c->autotune = o->autotune;
 }
 
 enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train_opts *o)
@@ -86,6 +88,7 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
 		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
 	fprintf(stderr, "attention: %s\n", ng_attention_describe(&e->att));
+	ng_exec_print_profile(e, stderr);
 	fprintf(stderr, "step: %d ops, %s\n", g->n_ops,
 		c.no_graph ? "launched eagerly (--no-graph)" : "captured as one CUDA Graph");
 	*be = (struct ng_backend){

@@ -58,6 +58,10 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "cuda (default) or cpu (the double-precision reference)", false },
 		{ "--metrics", NG_FLAG_STRING, &o.metrics_path, 0, 0, "FILE",
 		  "one JSON object per step (and per validation)", false },
+		{ "--profile", NG_FLAG_BOOL, &o.profile, 0, 0, NULL,
+		  "GPU: time every op of one step at start and print where the time goes", false },
+		{ "--autotune", NG_FLAG_BOOL, &o.autotune, 0, 0, NULL,
+		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
 	};

@@ -36,6 +36,8 @@ struct ng_train_opts {
 	const char *device;        /* "cuda" or "cpu" */
 	const char *metrics_path;  /* JSONL, or NULL */
 	long long log_every;       /* print a step line every N steps (the JSONL has every step) */
+	bool profile;              /* GPU: time every op of one step at start and print the table */
+	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
 };
 
 /* What a backend reports for one optimizer step. */
