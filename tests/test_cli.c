@@ -1,0 +1,115 @@
+/*
+ * tests/test_cli.c — the command-line contract of DESIGN.md: bad usage is one line and exit 2,
+ * --help and --version work, impossible models are refused with the reason, no GPU means exit 1
+ * with a hint, and `train --device cpu --model tiny` cuts the loss by >= 30% in 200 steps.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/check.h"
+#include "src/commands.h"
+
+/* Run `nanograph ARGS...` in-process; returns the status, the error line in ng_error_message. */
+static enum ng_status run(const char *first, ...)
+{
+	char *argv[64] = { "nanograph" };
+	int argc = 1;
+	va_list ap;
+	va_start(ap, first);
+	for (const char *a = first; a; a = va_arg(ap, const char *))
+		argv[argc++] = (char *)a;
+	va_end(ap);
+	ng_clear_error();
+	return ng_main(argc, argv);
+}
+
+static void expect_input_error(enum ng_status st, const char *needle)
+{
+	cr_expect_eq(st, NG_ERR_INPUT, "status %d, message '%s'", st, ng_error_message());
+	cr_expect(strstr(ng_error_message(), needle) != NULL, "message '%s' lacks '%s'",
+		  ng_error_message(), needle);
+	cr_expect(strchr(ng_error_message(), '\n') == NULL, "more than one line: '%s'",
+		  ng_error_message());
+}
+
+Test(cli, version_and_help)
+{
+	cr_expect_eq(run("--version", NULL), NG_OK);
+	cr_expect_eq(run("--help", NULL), NG_OK);
+	const char *cmds[] = { "train", "plan", "dump", "prepare" };
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+		cr_expect_eq(run(cmds[i], "--help", NULL), NG_OK, "%s --help: %s", cmds[i],
+			     ng_error_message());
+}
+
+Test(cli, bad_usage_is_exit_2)
+{
+	expect_input_error(run("fly", NULL), "unknown command");
+	expect_input_error(run("train", "--stepz", "3", NULL), "unknown flag '--stepz'");
+	expect_input_error(run("train", "--steps", NULL), "needs a value");
+	expect_input_error(run("train", "--steps", "0", NULL), "out of range");
+	expect_input_error(run("train", "--steps", "ten", NULL), "not a valid integer");
+	expect_input_error(run("train", "--lr", "-1", NULL), "out of range");
+	expect_input_error(run("train", "--model", "d13", NULL), "unknown model 'd13'");
+	expect_input_error(run("train", "--device", "tpu", NULL), "not cuda or cpu");
+	expect_input_error(run("train", "--schedule", "step", NULL), "not cosine or linear");
+	expect_input_error(run("plan", "--batch", "0", NULL), "out of range");
+}
+
+Test(cli, impossible_models_are_refused)
+{
+	expect_input_error(run("train", "--model", "tiny", "--channels", "65", NULL),
+			   "not divisible by heads");
+	expect_input_error(run("train", "--model", "tiny", "--heads", "4", "--channels", "72",
+			       NULL), "head size 18");
+	expect_input_error(run("train", "--model", "tiny", "--channels", "1024", "--heads", "2",
+			       NULL), "head size 512");
+	expect_input_error(run("train", "--model", "tiny", "--total-batch", "1000", NULL),
+			   "not a multiple");
+	expect_input_error(run("train", "--model", "tiny", "--vocab", "70000", NULL),
+			   "out of range");
+}
+
+Test(cli, no_gpu_means_exit_1_with_a_hint)
+{
+	if (ng_cuda_device_count() > 0)
+		cr_skip_test("a CUDA device is present");
+	enum ng_status st = run("train", "--model", "tiny", "--steps", "1", NULL);
+	cr_expect_eq(st, NG_ERR_RUNTIME);
+	cr_expect(strstr(ng_error_message(), "no CUDA device") != NULL, "%s", ng_error_message());
+	cr_expect(strstr(ng_error_hint(), "--device cpu") != NULL, "%s", ng_error_hint());
+}
+
+Test(cli, cpu_tiny_cuts_the_loss_by_30_percent, .timeout = 600)
+{
+	char path[] = "/tmp/ng_cli_metricsXXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	close(fd);
+	enum ng_status st = run("train", "--device", "cpu", "--model", "tiny", "--steps", "200",
+				"--metrics", path, NULL);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	FILE *f = fopen(path, "r");
+	cr_assert(f);
+	char line[512];
+	double first = -1, last = -1;
+	int n = 0;
+	while (fgets(line, sizeof(line), f)) {
+		double loss;
+		char *p = strstr(line, "\"loss\":");
+		if (!p || sscanf(p + 7, "%lf", &loss) != 1)
+			continue;
+		if (first < 0)
+			first = loss;
+		last = loss;
+		n++;
+	}
+	fclose(f);
+	unlink(path);
+	cr_expect_eq(n, 200, "%d step lines in the metrics file", n);
+	cr_expect(last <= 0.7 * first, "loss %.4f -> %.4f: cut by only %.1f%%", first, last,
+		  100 * (1 - last / first));
+}
