@@ -1,0 +1,85 @@
+/*
+ * src/checkpoint.h — checkpoints: model weights as safetensors with the Hugging Face GPT-2 names
+ * and layouts (so transformers' GPT2LMHeadModel loads them), and the training state (master
+ * weights, AdamW moments, step, loader position, seed, shape) as a second safetensors file, both
+ * written atomically (temporary file, fsync, rename, fsync of the directory).
+ *
+ * safetensors (huggingface/safetensors, docs "format"): 8-byte little-endian header length N,
+ * N bytes of JSON {name: {"dtype","shape","data_offsets":[begin,end]}, "__metadata__": {str:
+ * str}}, then the data; offsets are relative to the data start, contiguous and cover it all.
+ *
+ * Model file (fp32), HF GPT-2 names; ours are (out, in) like torch.nn.Linear, HF's Conv1D stores
+ * (in, out), so every linear weight is transposed:
+ *   transformer.wte.weight (V, C)  (our padded rows V..Vp-1 dropped)   transformer.wpe.weight (T, C)
+ *   transformer.h.{i}.ln_1.weight/bias (C)   .attn.c_attn.weight (C, 3C) = qkvw[i]^T   .bias (3C)
+ *   .attn.c_proj.weight (C, C) = attprojw[i]^T   .ln_2.weight/bias   .mlp.c_fc.weight (C, 4C)
+ *   .mlp.c_proj.weight (4C, C)   transformer.ln_f.weight/bias (C)
+ * lm_head.weight is not written: GPT-2 ties it to wte (transformers re-ties it on load).
+ * Metadata: format=pt, n_layer, n_head, n_embd, n_positions, vocab_size, checksum (FNV-1a 64 of
+ * the data section, hex). Reading accepts names with or without the "transformer." prefix,
+ * F32/BF16/F16 data, a missing checksum (files from other writers) and infers the config from
+ * the shapes (n_head from the metadata, else C/64).
+ *
+ * State file: tensors "params", "adam_m", "adam_v" (F32 from the GPU, F64 from the CPU
+ * reference: the master copy's own precision, so a resume is bit-exact), metadata with step,
+ * n_skipped, seed, the shape (L H C T V B Tseq K), the loader position and the checksum.
+ *
+ * A checkpoint directory holds model_<step>.safetensors, state_<step>.safetensors and `latest`
+ * (the step, written last and atomically): a run killed while writing leaves the previous
+ * checkpoint and `latest` intact.
+ */
+#ifndef NG_SRC_CHECKPOINT_H
+#define NG_SRC_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data/loader.h"
+#include "graph/gpt.h"
+#include "util/status.h"
+
+/* Everything needed to continue a run. */
+struct ng_train_state {
+	struct ng_gpt_config cfg;    /* model (Vp filled) */
+	int B, T, K;                 /* micro-batch, sequence length, micro-batches per step */
+	long long step;              /* optimizer steps completed */
+	long long n_skipped;         /* updates skipped so far */
+	uint64_t seed;               /* init and data order */
+	bool has_pos;                /* pos is meaningful (training from shards) */
+	struct ng_loader_pos pos;    /* position of the next training batch */
+	int elem_size;               /* 4 (float) or 8 (double): the master weights' precision */
+	size_t n;                    /* elements per buffer: the flat layout's total */
+	void *params;                /* (n) master weights, flat layout of graph/gpt.h */
+	void *m, *v;                 /* (n) AdamW moments */
+};
+
+/* Allocate params/m/v for n elements of elem_size bytes (zeroed). */
+enum ng_status ng_ckpt_state_alloc(struct ng_train_state *s, int elem_size, size_t n);
+void ng_ckpt_state_free(struct ng_train_state *s);
+
+/* Model weights (flat layout, lay.total floats) to a safetensors file with HF names. */
+enum ng_status ng_ckpt_write_model(const char *path, const struct ng_gpt_config *cfg,
+				   const float *params);
+/* Read a model file: *cfg from its metadata or shapes (Vp filled), *params malloc'ed in the
+ * flat layout (padding zero; caller frees). NG_ERR_INPUT naming the file and the problem for a
+ * bad header, missing tensor, wrong shape, short file or checksum mismatch. */
+enum ng_status ng_ckpt_read_model(const char *path, struct ng_gpt_config *cfg, float **params);
+
+enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state *s);
+/* Read a state file into *s (allocated here; free with ng_ckpt_state_free). */
+enum ng_status ng_ckpt_read_state(const char *path, struct ng_train_state *s);
+
+/* Write model_<step> and state_<step> into dir (created if missing), then `latest`. `params32`
+ * is the fp32 model (for the CPU reference: s->params rounded to float). */
+enum ng_status ng_ckpt_save(const char *dir, const struct ng_train_state *s,
+			    const float *params32);
+/* The step named by dir/latest; NG_ERR_INPUT when there is none. */
+enum ng_status ng_ckpt_latest(const char *dir, long long *step);
+/* "dir/model_00000100.safetensors" or "dir/state_00000100.safetensors". */
+void ng_ckpt_path(char *out, size_t n, const char *dir, const char *kind, long long step);
+
+/* FNV-1a 64 of n bytes (the checksum of a file's data section). */
+uint64_t ng_ckpt_checksum(const void *data, size_t n);
+
+#endif

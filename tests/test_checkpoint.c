@@ -1,0 +1,324 @@
+/*
+ * tests/test_checkpoint.c — checkpoints (src/checkpoint.h): model and state files round-trip
+ * bit-exactly with the HF GPT-2 names and Conv1D transposes; corrupt, truncated and wrong-shape
+ * files are refused with a clear error; and on the CPU reference, a --deterministic run stopped
+ * at N/2 and resumed ends in the same bytes (params, moments, step, loader position) and the
+ * same losses as the run uninterrupted. Fresh random values every run (seed printed).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "src/checkpoint.h"
+#include "src/commands.h"
+#include "util/rng.h"
+
+static uint64_t seed_now(void)
+{
+	return (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+}
+
+static char tmpdir[256];
+
+static void make_tmpdir(void)
+{
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ng_ckpt_test_XXXXXX");
+	cr_assert(mkdtemp(tmpdir), "mkdtemp failed");
+}
+
+/* Random params in the flat layout, padding (between tensors, wte rows V..Vp-1) zero. */
+static float *random_params(const struct ng_gpt_config *cfg, struct ng_gpt_layout *lay,
+			    struct ng_rng *r)
+{
+	ng_gpt_layout(cfg, lay);
+	float *p = calloc(lay->total, sizeof(float));
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		size_t n = lay->p[i].numel;
+		if (i == NG_P_WTE)
+			n = (size_t)cfg->V * cfg->C;
+		for (size_t k = 0; k < n; k++)
+			p[lay->p[i].offset + k] = (float)ng_rng_normal(r);
+	}
+	return p;
+}
+
+static struct ng_gpt_config small_cfg(struct ng_rng *r)
+{
+	struct ng_gpt_config c = { 2 + (int)ng_rng_below(r, 2), 2, 64, 32,
+				     300 + (int)ng_rng_below(r, 200), 0 };
+	cr_assert_eq(ng_gpt_check(&c), NG_OK);
+	return c;
+}
+
+static unsigned char *read_file(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert(f, "cannot open %s", path);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	unsigned char *b = malloc(*n + 1);
+	cr_assert_eq(fread(b, 1, *n, f), *n);
+	fclose(f);
+	return b;
+}
+
+static void write_file(const char *path, const void *b, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	cr_assert(f);
+	cr_assert_eq(fwrite(b, 1, n, f), n);
+	fclose(f);
+}
+
+Test(checkpoint, model_round_trip_bit_exact)
+{
+	uint64_t seed = seed_now();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	make_tmpdir();
+	struct ng_gpt_config cfg = small_cfg(&r), got;
+	struct ng_gpt_layout lay;
+	float *p = random_params(&cfg, &lay, &r), *q;
+	char path[512];
+	snprintf(path, sizeof(path), "%s/m.safetensors", tmpdir);
+	cr_assert_eq(ng_ckpt_write_model(path, &cfg, p), NG_OK, "seed %llu: %s",
+		     (unsigned long long)seed, ng_error_message());
+	cr_assert_eq(ng_ckpt_read_model(path, &got, &q), NG_OK, "%s", ng_error_message());
+	cr_assert(got.L == cfg.L && got.H == cfg.H && got.C == cfg.C && got.T == cfg.T &&
+		  got.V == cfg.V && got.Vp == cfg.Vp, "config differs (seed %llu)",
+		  (unsigned long long)seed);
+	size_t bad = 0, first = 0;
+	for (size_t i = 0; i < lay.total; i++)
+		if (memcmp(&p[i], &q[i], 4) != 0 && bad++ == 0)
+			first = i;
+	cr_assert_eq(bad, 0, "seed %llu: %zu elements differ, first at %zu (%g vs %g)",
+		     (unsigned long long)seed, bad, first, p[first], q[first]);
+
+	/* the HF layout: c_attn.weight of layer 1 is (C, 3C) and holds qkvw[1]^T */
+	size_t n;
+	unsigned char *b = read_file(path, &n);
+	uint64_t hl = 0;
+	for (int i = 0; i < 8; i++)
+		hl |= (uint64_t)b[i] << (8 * i);
+	char *hdr = strndup((char *)b + 8, hl);
+	char key[64];
+	snprintf(key, sizeof(key), "\"transformer.h.1.attn.c_attn.weight\"");
+	char *at = strstr(hdr, key);
+	cr_assert(at, "no c_attn.weight in the header");
+	char want[64];
+	snprintf(want, sizeof(want), "\"shape\":[%d,%d]", cfg.C, 3 * cfg.C);
+	cr_assert(strstr(at, want) && strstr(at, want) < strstr(at, "data_offsets"),
+		  "c_attn.weight is not (C, 3C)");
+	size_t begin = strtoull(strstr(at, "data_offsets") + 15, NULL, 10);
+	const float *hf = (const float *)(b + 8 + hl + begin);
+	size_t C = (size_t)cfg.C, base = lay.p[NG_P_QKVW].offset + 3 * C * C;
+	for (int k = 0; k < 50; k++) {
+		size_t o = ng_rng_below(&r, 3 * C), i = ng_rng_below(&r, C);
+		cr_assert(hf[i * 3 * C + o] == p[base + o * C + i], "c_attn[%zu][%zu] != qkvw[%zu][%zu]",
+			  i, o, o, i);
+	}
+	free(hdr);
+	free(b);
+	free(p);
+	free(q);
+}
+
+Test(checkpoint, state_round_trip_bit_exact)
+{
+	uint64_t seed = seed_now();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	make_tmpdir();
+	struct ng_gpt_config cfg = small_cfg(&r);
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(&cfg, &lay);
+	for (int elem = 4; elem <= 8; elem += 4) {
+		struct ng_train_state s = { 0 }, t;
+		cr_assert_eq(ng_ckpt_state_alloc(&s, elem, lay.total), NG_OK);
+		s.cfg = cfg;
+		s.B = 3;
+		s.T = 16;
+		s.K = 2;
+		s.step = (long long)ng_rng_below(&r, 100000);
+		s.n_skipped = 3;
+		s.seed = ng_rng_u64(&r);
+		s.has_pos = true;
+		s.pos = (struct ng_loader_pos){ s.seed, 1234, 5, 77 };
+		void *buf[3] = { s.params, s.m, s.v };
+		for (int k = 0; k < 3; k++)
+			for (size_t i = 0; i < lay.total; i++) {
+				double x = ng_rng_normal(&r);
+				if (elem == 8)
+					((double *)buf[k])[i] = x;
+				else
+					((float *)buf[k])[i] = (float)x;
+			}
+		char path[512];
+		snprintf(path, sizeof(path), "%s/s%d.safetensors", tmpdir, elem);
+		cr_assert_eq(ng_ckpt_write_state(path, &s), NG_OK, "%s", ng_error_message());
+		cr_assert_eq(ng_ckpt_read_state(path, &t), NG_OK, "%s", ng_error_message());
+		cr_assert(t.step == s.step && t.n_skipped == 3 && t.seed == s.seed && t.B == 3 &&
+			  t.T == 16 && t.K == 2 && t.has_pos && t.pos.windows == 1234 &&
+			  t.pos.epoch == 5 && t.pos.batch == 77 && t.pos.seed == s.seed &&
+			  t.elem_size == elem && t.cfg.V == cfg.V && t.cfg.L == cfg.L,
+			  "metadata differs (seed %llu)", (unsigned long long)seed);
+		cr_assert(memcmp(t.params, s.params, lay.total * elem) == 0 &&
+			  memcmp(t.m, s.m, lay.total * elem) == 0 &&
+			  memcmp(t.v, s.v, lay.total * elem) == 0,
+			  "state buffers differ (elem %d, seed %llu)", elem,
+			  (unsigned long long)seed);
+		ng_ckpt_state_free(&s);
+		ng_ckpt_state_free(&t);
+	}
+}
+
+/* Reading `bytes` (a damaged copy) must fail with NG_ERR_INPUT and a message containing `want`. */
+static void expect_refused(const char *path, const void *bytes, size_t n, const char *want,
+			   const char *what)
+{
+	write_file(path, bytes, n);
+	ng_clear_error();
+	struct ng_gpt_config cfg;
+	float *p = NULL;
+	enum ng_status st = ng_ckpt_read_model(path, &cfg, &p);
+	cr_assert_eq(st, NG_ERR_INPUT, "%s: accepted (status %d)", what, st);
+	cr_assert(strstr(ng_error_message(), want) && strstr(ng_error_message(), path),
+		  "%s: message '%s' lacks '%s' or the path", what, ng_error_message(), want);
+	cr_assert_null(p);
+}
+
+Test(checkpoint, corrupt_truncated_wrong_shape_refused)
+{
+	uint64_t seed = seed_now();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	make_tmpdir();
+	struct ng_gpt_config cfg = small_cfg(&r);
+	struct ng_gpt_layout lay;
+	float *p = random_params(&cfg, &lay, &r);
+	char path[512], bad[512];
+	snprintf(path, sizeof(path), "%s/m.safetensors", tmpdir);
+	snprintf(bad, sizeof(bad), "%s/bad.safetensors", tmpdir);
+	cr_assert_eq(ng_ckpt_write_model(path, &cfg, p), NG_OK);
+	size_t n;
+	unsigned char *b = read_file(path, &n);
+	uint64_t hl = 0;
+	for (int i = 0; i < 8; i++)
+		hl |= (uint64_t)b[i] << (8 * i);
+	unsigned char *c = malloc(n);
+
+	/* one flipped bit anywhere in the data */
+	memcpy(c, b, n);
+	size_t at = 8 + hl + ng_rng_below(&r, n - 8 - hl);
+	c[at] ^= (unsigned char)(1u << ng_rng_below(&r, 8));
+	expect_refused(bad, c, n, "checksum mismatch", "flipped data bit");
+	/* truncated at a random point of the data, and inside the header */
+	expect_refused(bad, b, 8 + hl + ng_rng_below(&r, n - 8 - hl), "truncated", "cut data");
+	expect_refused(bad, b, 8 + ng_rng_below(&r, hl), "truncated", "cut header");
+	expect_refused(bad, b, 5, "shorter than", "5 bytes");
+	/* a header that is not JSON */
+	memcpy(c, b, n);
+	c[8] = '#';
+	expect_refused(bad, c, n, "JSON header", "broken JSON");
+	/* c_attn.weight stored (3C, C) instead of Conv1D (C, 3C): same bytes, wrong shape */
+	memcpy(c, b, n);
+	char from[64], to[64];
+	snprintf(from, sizeof(from), "\"shape\":[%d,%d]", cfg.C, 3 * cfg.C);
+	snprintf(to, sizeof(to), "\"shape\":[%d,%d]", 3 * cfg.C, cfg.C);
+	char *h = strndup((char *)c + 8, hl);
+	char *s = strstr(h, from);
+	cr_assert(s);
+	memcpy(c + 8 + (s - h), to, strlen(to));
+	free(h);
+	expect_refused(bad, c, n, "c_attn.weight has shape", "transposed c_attn");
+
+	/* a state file is not a model file, and a model file is not a state file */
+	struct ng_train_state st;
+	ng_clear_error();
+	cr_assert_eq(ng_ckpt_read_state(path, &st), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "not a nanograph training-state"), "%s",
+		  ng_error_message());
+	free(c);
+	free(b);
+	free(p);
+}
+
+static enum ng_status train(const char *out, const char *extra1, const char *extra2,
+			    const char *metrics, long long seed)
+{
+	char sd[32];
+	snprintf(sd, sizeof(sd), "%lld", seed);
+	char *argv[32] = { "train", "--device", "cpu", "--model", "tiny", "--batch", "2",
+			   "--seq-len", "32", "--steps", "6", "--deterministic", "--seed", sd,
+			   "--val-batches", "1", "--ckpt-every", "3", "--out", (char *)out,
+			   "--metrics", (char *)metrics };
+	int argc = 22;
+	if (extra1)
+		argv[argc++] = (char *)extra1;
+	if (extra2)
+		argv[argc++] = (char *)extra2;
+	return ng_cmd_train(argc, argv);
+}
+
+/* The "loss" fields of a metrics file, in order (as text: %.6g). */
+static int losses(const char *path, char out[][32], int max)
+{
+	FILE *f = fopen(path, "r");
+	cr_assert(f, "no metrics %s", path);
+	char line[512];
+	int n = 0;
+	while (fgets(line, sizeof(line), f) && n < max) {
+		char *l = strstr(line, "\"loss\":");
+		if (l && !strstr(line, "val_loss"))
+			sscanf(l + 7, "%31[^,]", out[n++]);
+	}
+	fclose(f);
+	return n;
+}
+
+Test(checkpoint, cpu_resume_is_bit_identical)
+{
+	long long seed = (long long)(seed_now() % 1000000);
+	make_tmpdir();
+	char a[512], bdir[512], ma[512], mb[512];
+	snprintf(a, sizeof(a), "%s/a", tmpdir);
+	snprintf(bdir, sizeof(bdir), "%s/b", tmpdir);
+	snprintf(ma, sizeof(ma), "%s/a.jsonl", tmpdir);
+	snprintf(mb, sizeof(mb), "%s/b.jsonl", tmpdir);
+	cr_assert_eq(train(a, NULL, NULL, ma, seed), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(train(bdir, "--stop-after", "3", mb, seed), NG_OK, "%s", ng_error_message());
+	char latest[600];
+	snprintf(latest, sizeof(latest), "%s/model_00000006.safetensors", bdir);
+	cr_assert(access(latest, F_OK) != 0, "the stopped run went past step 3");
+	cr_assert_eq(train(bdir, "--resume", NULL, mb, seed), NG_OK, "%s", ng_error_message());
+
+	char la[8][32], lb[8][32];
+	int na = losses(ma, la, 8), nb = losses(mb, lb, 8);
+	cr_assert_eq(na, 6);
+	cr_assert_eq(nb, 6, "resumed metrics hold %d steps", nb);
+	for (int i = 0; i < 6; i++)
+		cr_assert_str_eq(la[i], lb[i], "seed %lld: step %d loss %s uninterrupted, %s resumed",
+				 seed, i + 1, la[i], lb[i]);
+	/* the final state (params, moments, step, data position) byte for byte */
+	char pa[600], pb[600];
+	ng_ckpt_path(pa, sizeof(pa), a, "state", 6);
+	ng_ckpt_path(pb, sizeof(pb), bdir, "state", 6);
+	size_t n1, n2;
+	unsigned char *x = read_file(pa, &n1), *y = read_file(pb, &n2);
+	cr_assert(n1 == n2 && memcmp(x, y, n1) == 0, "seed %lld: final state files differ", seed);
+	free(x);
+	free(y);
+
+	/* resuming with another shape is refused with a clear error */
+	char *argv[] = { "train", "--device", "cpu", "--model", "tiny", "--batch", "3",
+			 "--seq-len", "32", "--steps", "6", "--out", bdir, "--resume" };
+	ng_clear_error();
+	cr_assert_eq(ng_cmd_train(14, argv), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "written by another run"), "%s", ng_error_message());
+}
