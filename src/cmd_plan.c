@@ -15,6 +15,8 @@
 
 #include "graph/dump.h"
 #include "graph/step.h"
+#include "graph/exec.h"
+#include "kernels/check.h"
 #include "src/cli.h"
 #include "src/commands.h"
 
@@ -272,9 +274,45 @@ enum ng_status ng_cmd_plan(int argc, char **argv)
 		print_json(&g, &shape, &pa, &s);
 	else
 		print_text(&g, &shape, &pa, &s);
-	if (ng_cli_seen(&spec, "--gpu-mem"))
+	if (ng_cli_seen(&spec, "--gpu-mem")) {
 		st = ng_plan_check_fit(g.total_bytes, (size_t)(gpu_gib * GIB));
+	} else if (ng_cuda_device_count() > 0) {
+		size_t free_b = 0, total_b = 0;
+		if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+			st = ng_plan_check_fit(g.total_bytes, free_b);
+	}
 	ng_graph_free(&g);
+	return st;
+}
+
+/* On a GPU: plan, warm up and capture the real step, then write cudaGraphDebugDotPrint's
+ * cuda_graph.dot and count the captured nodes by kind. */
+static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const char *out)
+{
+	struct ng_exec *e = calloc(1, sizeof(*e));
+	if (!e)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	struct ng_exec_config c = { 0 };
+	c.model = shape->model;
+	c.B = shape->B;
+	c.T = shape->T;
+	c.K = shape->K;
+	ng_step_default_options(&c.step);
+	c.sched = (struct ng_schedule){ 6e-4f, 0.1f, 1, 2, 1 };
+	c.clip = 1.0f;
+	c.beta1 = 0.9f;
+	c.beta2 = 0.95f;
+	c.eps = 1e-8f;
+	c.seed = 1;
+	char path[4096], text[256];
+	snprintf(path, sizeof(path), "%s/cuda_graph.dot", out);
+	enum ng_status st = ng_exec_init(e, &c);
+	if (!st)
+		st = ng_exec_dump_cuda_graph(e, path, text, sizeof(text));
+	if (!st)
+		fprintf(stderr, "dump: wrote %s: the captured step has %s\n", path, text);
+	ng_exec_free(e);
+	free(e);
 	return st;
 }
 
@@ -310,5 +348,7 @@ enum ng_status ng_cmd_dump(int argc, char **argv)
 			"(arena %.1f MiB, lower bound %.1f MiB)\n", out, g.n_ops, g.n_tensors, out,
 			g.arena_bytes / MIB, g.lower_bound_bytes / MIB);
 	ng_graph_free(&g);
+	if (!st && ng_cuda_device_count() > 0)
+		st = dump_cuda_graph(&shape, out);
 	return st;
 }

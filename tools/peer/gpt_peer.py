@@ -174,9 +174,10 @@ def main():
         if step % 10 == 0 or step == a.steps - 1:
             print(json.dumps(rec), flush=True)
     peak = torch.cuda.max_memory_allocated() / 2**30
+    reserved = torch.cuda.max_memory_reserved() / 2**30
     mean = sum(rates) / len(rates) if rates else 0
     print(f"peer: {a.model} B={B} T={T} K={K}: {mean:.0f} tok/s (mean after step 3), "
-          f"peak {peak:.1f} GiB allocated", flush=True)
+          f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved", flush=True)
 
 
 if __name__ == "__main__":
