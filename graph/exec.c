@@ -156,6 +156,85 @@ static enum ng_status plan_graph(struct ng_exec *e, struct ng_graph *g, int **pl
 	return NG_OK;
 }
 
+/* ---- data parallelism (cfg.comm): see exec.h ---- */
+
+/* ZeRO-1: pad the flat parameter/gradient buffers to world * shard_len elements and shrink the
+ * AdamW moments to one shard; the same persistent layout in every graph of the run. */
+static enum ng_status dp_shard_layout(struct ng_exec *e, struct ng_graph *g)
+{
+	size_t len = e->shard_len, padded = len * (size_t)e->cfg.world;
+	struct { int t; size_t n; } set[] = {
+		{ g->t_params, padded }, { g->t_params_bf16, padded }, { g->t_grads, padded },
+		{ g->t_adam_m, len }, { g->t_adam_v, len },
+	};
+	for (size_t i = 0; i < sizeof(set) / sizeof(set[0]); i++) {
+		if (set[i].t < 0)
+			continue;
+		struct ng_tensor *t = &g->tensors[set[i].t];
+		t->bytes = set[i].n * ng_dtype_size(t->dtype);
+		t->shape[0] = set[i].n;
+	}
+	return ng_graph_plan(g, g->align);
+}
+
+/* Before GRAD_NORM: the mean gradient (all of it, or this rank's shard with ZeRO-1) and the
+ * mean loss over ranks, then the squared norm (ZeRO-1: of the shard, summed across ranks). */
+static enum ng_status dp_grad_norm(struct ng_exec *e, const struct ng_graph *g,
+				   const struct ng_op *op, void *scratch, cudaStream_t s)
+{
+	struct ng_step_state *st = tp(e, g, op->out[0]);
+	float *grads = tp(e, g, op->in[0]);
+	size_t total = g->lay.total;
+	enum ng_status r = ng_collective_group_begin();
+	if (!r)
+		r = e->cfg.zero1 ? ng_collective_reduce_scatter_mean_f32(e->cfg.comm, grads,
+									 e->shard_len, e->cfg.rank, s)
+				 : ng_collective_allreduce_mean_f32(e->cfg.comm, grads, total, s);
+	if (!r)
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, &st->loss_sum, 1, s);
+	enum ng_status r2 = ng_collective_group_end();
+	if (r || r2)
+		return r ? r : r2;
+	if (!e->cfg.zero1)
+		return ng_grad_norm_squared(&st->grad_norm, grads, total, scratch, s);
+	size_t own = e->shard_off >= total ? 0
+			: (total - e->shard_off < e->shard_len ? total - e->shard_off : e->shard_len);
+	r = own ? ng_grad_norm_squared(&st->grad_norm, grads + e->shard_off, own, scratch, s)
+		: NG_CUDA_CHECK(cudaMemsetAsync(&st->grad_norm, 0, sizeof(float), s));
+	return r ? r : ng_collective_allreduce_sum_f32(e->cfg.comm, &st->grad_norm, 1, s);
+}
+
+/* ZeRO-1 AdamW: each parameter tensor's part inside [shard_off, shard_off + shard_len), moments
+ * indexed from the shard start; then every rank's updated shard to every rank. */
+static enum ng_status dp_adamw_shard(struct ng_exec *e, const struct ng_graph *g,
+				     const struct ng_op *op, cudaStream_t s)
+{
+	const struct ng_step_state *st = tp(e, g, op->in[1]);
+	float *w = tp(e, g, op->out[0]), *grad = tp(e, g, op->in[0]);
+	ng_bf16 *w16 = tp(e, g, op->out[1]);
+	float *m = tp(e, g, op->out[2]), *v = tp(e, g, op->out[3]);
+	size_t lo = e->shard_off, hi = e->shard_off + e->shard_len;
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		const struct ng_param_spec *p = &g->lay.p[i];
+		size_t a = p->offset > lo ? p->offset : lo;
+		size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+		if (a >= b)
+			continue;
+		enum ng_status r = ng_adamw(w + a, w16 + a, grad + a, m + (a - lo), v + (a - lo),
+					    b - a, p->decay ? e->cfg.wd : 0.0f, e->cfg.beta1,
+					    e->cfg.beta2, e->cfg.eps, st, s);
+		if (r)
+			return r;
+	}
+	enum ng_status r = ng_collective_group_begin();
+	if (!r)
+		r = ng_collective_allgather(e->cfg.comm, w, e->shard_len, 4, e->cfg.rank, s);
+	if (!r)
+		r = ng_collective_allgather(e->cfg.comm, w16, e->shard_len, 2, e->cfg.rank, s);
+	enum ng_status r2 = ng_collective_group_end();
+	return r ? r : r2;
+}
+
 /* Enqueue one op on e->stream. */
 static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const struct ng_op *op,
 			     int plan)
@@ -285,6 +364,8 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 	}
 	case NG_OP_GRAD_NORM: {
 		struct ng_step_state *st = tp(e, g, op->out[0]);
+		if (e->cfg.comm)
+			return dp_grad_norm(e, g, op, scratch, s);
 		return ng_grad_norm_squared(&st->grad_norm, tp(e, g, op->in[0]), g->lay.total,
 					    scratch, s);
 	}
@@ -294,6 +375,8 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 	}
 	case NG_OP_ADAMW: {
 		const struct ng_step_state *st = tp(e, g, op->in[1]);
+		if (e->cfg.comm && e->cfg.zero1)
+			return dp_adamw_shard(e, g, op, s);
 		for (int i = 0; i < NG_P_COUNT; i++) {
 			const struct ng_param_spec *p = &g->lay.p[i];
 			enum ng_status r = ng_adamw(pp(e, g, op->out[0], i, 0),
@@ -459,7 +542,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	ng_graph_init(&e->train);
 	ng_graph_init(&e->eval);
 	struct cudaDeviceProp prop;
-	if (NG_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0)))
+	int dev = 0;
+	if (NG_CUDA_CHECK(cudaGetDevice(&dev)) || NG_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev)))
 		return NG_ERR_RUNTIME;
 	snprintf(e->device_name, sizeof(e->device_name), "%s", prop.name);
 	e->device_total_bytes = prop.totalGlobalMem;
@@ -473,6 +557,22 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 					&opt);
 	if (st)
 		return st;
+	if (e->cfg.world < 1) /* 0: a config that predates data parallelism, one process */
+		e->cfg.world = 1;
+	if (cfg->rank < 0 || cfg->rank >= e->cfg.world || (e->cfg.world > 1 && !cfg->comm) ||
+	    (cfg->zero1 && !cfg->comm))
+		return ng_fail(NG_ERR_RUNTIME, "exec: rank %d of world %d%s is not a valid "
+			       "data-parallel setup", cfg->rank, e->cfg.world,
+			       cfg->comm ? "" : " without a communicator");
+	if (cfg->zero1) {
+		e->shard_len = ng_collective_shard_len(e->train.lay.total, e->cfg.world);
+		e->shard_off = e->shard_len * (size_t)cfg->rank;
+		st = dp_shard_layout(e, &e->train);
+		if (!st && cfg->eval_batches > 0)
+			st = dp_shard_layout(e, &e->eval);
+		if (st)
+			return st;
+	}
 
 	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) ||
 	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))

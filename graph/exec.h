@@ -10,6 +10,12 @@
  * Replay (ng_exec_submit): one cudaGraphLaunch per step, no host synchronisation; the tokens
  * come from a fixed pinned buffer that the graph's first node copies; metrics come back through
  * a host-mapped ring written by the last node, read a step late (ng_exec_collect).
+ * Data parallelism (cfg.comm set, one process per GPU): inside the same captured step, right
+ * before GRAD_NORM, the fp32 gradient is all-reduced to the mean over ranks (with the step's
+ * loss), so every rank clips, schedules and updates identically. With cfg.zero1 the gradient is
+ * reduce-scattered instead, each rank runs AdamW on its shard of ceil(total / world) parameters
+ * (its moments are only that shard: adam_m / adam_v shrink to it), the squared norm is summed
+ * across ranks, and the updated fp32 and bf16 parameters are all-gathered.
  */
 #ifndef NG_GRAPH_EXEC_H
 #define NG_GRAPH_EXEC_H
@@ -23,6 +29,7 @@
 #include "graph/ir.h"
 #include "graph/step.h"
 #include "kernels/attention.h"
+#include "kernels/collective.h"
 #include "kernels/matmul.h"
 #include "kernels/types.h"
 
@@ -41,6 +48,9 @@ struct ng_exec_config {
 	int no_graph;                  /* launch the nodes eagerly every step */
 	int force_naive_attention;     /* plain CUDA attention instead of cuDNN */
 	int autotune;                  /* time cuBLASLt candidates at plan time */
+	int rank, world;               /* data parallelism: this process's rank, ranks (1 alone) */
+	struct ncclComm *comm;         /* NCCL communicator (src/dist.h); NULL: no collectives */
+	int zero1;                     /* ZeRO-1: AdamW moments sharded across ranks (needs comm) */
 	int profile;                   /* time every op of one eager step at init (op_ms) */
 };
 
@@ -81,6 +91,8 @@ struct ng_exec {
 	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
 	char device_name[256];
 	size_t device_total_bytes;     /* the GPU's memory */
+	size_t shard_len;              /* ZeRO-1: parameters per rank (ceil(total / world)) */
+	size_t shard_off;              /* ZeRO-1: first parameter this rank updates */
 	bool inited;
 };
 

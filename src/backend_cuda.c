@@ -8,6 +8,7 @@
 
 #include "graph/exec.h"
 #include "kernels/check.h"
+#include "src/dist.h"
 #include "src/train.h"
 
 static enum ng_status cu_input(void *ctx, uint16_t **buf) { return ng_exec_input(ctx, buf); }
@@ -60,6 +61,10 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->seed = (uint64_t)o->seed;
 	c->deterministic = o->deterministic;
 	c->no_graph = o->no_graph;
+	c->world = o->world > 1 ? o->world : 1;
+	c->rank = c->world > 1 ? o->rank : 0;
+	c->comm = o->dist ? o->dist->comm : NULL;
+	c->zero1 = o->zero1;
 	c->profile = o->profile;
 	c->autotune = o->autotune;
 }
@@ -80,17 +85,28 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		return st;
 	}
 	const struct ng_graph *g = &e->train;
+	FILE *log = c.rank == 0 ? stderr : fopen("/dev/null", "w"); /* rank 0 speaks */
+	if (!log)
+		log = stderr;
 	size_t free_b = 0, total_b = 0;
 	cudaMemGetInfo(&free_b, &total_b);
-	fprintf(stderr, "gpu: %s | arena %.2f GiB (params+grads+adam %.2f GiB, planned %.2f GiB, "
+	fprintf(log, "gpu: %s | arena %.2f GiB (params+grads+adam %.2f GiB, planned %.2f GiB, "
 		"lower bound %.2f GiB) | device memory in use %.2f of %.2f GiB\n", e->device_name,
 		e->arena_bytes / 1073741824.0, g->persistent_bytes / 1073741824.0,
 		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
 		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
-	fprintf(stderr, "attention: %s\n", ng_attention_describe(&e->att));
-	ng_exec_print_profile(e, stderr);
-	fprintf(stderr, "step: %d ops, %s\n", g->n_ops,
+	fprintf(log, "attention: %s\n", ng_attention_describe(&e->att));
+	if (c.comm)
+		fprintf(log, "data parallel: %d rank(s) through NCCL (%s bootstrap), gradient %s "
+			"inside the captured step%s\n", c.world,
+			ng_dist_method_name(o->dist->plan.method),
+			c.zero1 ? "reduce-scatter + parameter all-gather" : "all-reduce (mean)",
+			c.zero1 ? ", ZeRO-1 AdamW moments sharded" : "");
+	ng_exec_print_profile(e, log);
+	fprintf(log, "step: %d ops, %s\n", g->n_ops,
 		c.no_graph ? "launched eagerly (--no-graph)" : "captured as one CUDA Graph");
+	if (log != stderr)
+		fclose(log);
 	*be = (struct ng_backend){
 		.name = "cuda", .ctx = e, .peak_flops = e->peak_flops, .input_buffer = cu_input,
 		.submit = cu_submit, .collect = cu_collect, .evaluate = cu_evaluate,

@@ -7,6 +7,7 @@
 
 #include "kernels/check.h"
 #include "src/commands.h"
+#include "src/dist.h"
 #include "src/train.h"
 
 enum ng_status ng_cmd_train(int argc, char **argv)
@@ -18,6 +19,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		.seed = 1337, .device = "cuda", .log_every = 0,
 	};
 	struct ng_model_args ma;
+	struct ng_dist_args da = { .world = 0, .rank = -1, .file = NULL };
 	struct ng_flag flags[NG_MODEL_NFLAGS + 32];
 	ng_cli_model_flags(&ma, flags, "d12", 64); /* --model tiny: --batch 8 */
 	struct ng_flag more[] = {
@@ -64,6 +66,16 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
+		{ "--world", NG_FLAG_INT, &da.world, 1, 1 << 20, "N",
+		  "data parallelism: N processes, one per GPU (or env NG_WORLD; mpirun and srun "
+		  "need no flag); --world 1 runs one GPU through NCCL", false },
+		{ "--rank", NG_FLAG_INT, &da.rank, 0, 1 << 20, "R",
+		  "this process's rank in [0, N) (or env NG_RANK)", false },
+		{ "--dist-file", NG_FLAG_STRING, &da.file, 0, 0, "PATH",
+		  "rendezvous file every rank can read (or env NG_DIST_FILE)", false },
+		{ "--zero1", NG_FLAG_BOOL, &o.zero1, 0, 0, NULL,
+		  "ZeRO-1: shard the AdamW moments across ranks (reduce-scatter + all-gather)",
+		  false },
 	};
 	int nmore = (int)(sizeof(more) / sizeof(more[0]));
 	memcpy(flags + NG_MODEL_NFLAGS, more, sizeof(more));
@@ -109,6 +121,20 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	if (o.log_every == 0)
 		o.log_every = o.steps <= 50 ? 1 : (o.steps + 49) / 50;
 
+	struct ng_dist dist = { 0 };
+	struct ng_dist_plan plan;
+	if ((st = ng_dist_resolve(&plan, &da)))
+		return st;
+	if (plan.method != NG_DIST_METHOD_NONE && strcmp(o.device, "cuda") != 0)
+		return ng_fail(NG_ERR_INPUT, "train: data parallelism (%s, world %d) needs "
+			       "--device cuda", ng_dist_method_name(plan.method), plan.world);
+	if (o.zero1 && plan.method == NG_DIST_METHOD_NONE)
+		return ng_fail(NG_ERR_INPUT, "train --zero1: needs data parallelism (--world N, "
+			       "mpirun or srun)");
+	if (o.zero1 && (o.ckpt_every || o.resume))
+		return ng_fail(NG_ERR_INPUT, "train --zero1: checkpoints of sharded AdamW moments "
+			       "are not implemented; drop --zero1 or the checkpoint flags");
+
 	struct ng_backend be;
 	if (strcmp(o.device, "cpu") == 0) {
 		st = ng_backend_cpu_init(&be, &o);
@@ -119,17 +145,30 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 				"e.g. --model tiny)");
 			return NG_ERR_RUNTIME;
 		}
-		st = ng_backend_cuda_init(&be, &o);
+		st = ng_dist_init(&dist, &da);
+		if (!st && dist.comm) {
+			o.dist = &dist;
+			o.world = dist.plan.world;
+			o.rank = dist.plan.rank;
+		}
+		if (!st)
+			st = ng_backend_cuda_init(&be, &o);
+		if (st) {
+			ng_dist_free(&dist);
+			return st;
+		}
 	} else {
 		return ng_fail(NG_ERR_INPUT, "train --device: '%s' is not cuda or cpu", o.device);
 	}
 	if (st)
 		return st;
 	const struct ng_gpt_config *m = &o.shape.model;
-	fprintf(stderr, "model: L=%d H=%d C=%d T=%d V=%d (padded %d) | batch %d x %d, %d "
-		"micro-batch(es) | device %s\n", m->L, m->H, m->C, o.shape.T, m->V, m->Vp,
-		o.shape.B, o.shape.T, o.shape.K, be.name);
+	if (o.rank == 0)
+		fprintf(stderr, "model: L=%d H=%d C=%d T=%d V=%d (padded %d) | batch %d x %d, %d "
+			"micro-batch(es) | device %s\n", m->L, m->H, m->C, o.shape.T, m->V, m->Vp,
+			o.shape.B, o.shape.T, o.shape.K, be.name);
 	st = ng_train_run(&o, &be);
 	be.free(be.ctx);
+	ng_dist_free(&dist);
 	return st;
 }

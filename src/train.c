@@ -23,6 +23,7 @@ struct feed {
 	uint16_t *val;             /* val_batches micro-batches of B*(T+1), read once */
 	int n_val;
 	double floor;              /* synthetic: the entropy floor in nats; NAN otherwise */
+	int rank, world;           /* this process's share: disjoint batches per rank */
 };
 
 static double now_s(void)
@@ -39,6 +40,8 @@ static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
 	enum ng_status st;
 	memset(f, 0, sizeof(*f));
 	f->floor = NAN;
+	f->world = o->world > 1 ? o->world : 1;
+	f->rank = f->world > 1 ? o->rank : 0;
 	f->synthetic = o->train_glob == NULL;
 	if (f->synthetic) {
 		st = ng_synth_init(&f->synth, s->model.V, (uint64_t)o->seed);
@@ -48,7 +51,8 @@ static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
 	} else {
 		struct ng_loader_config lc = {
 			.pattern = o->train_glob, .B = s->B, .T = s->T, .vocab = s->model.V,
-			.rank = 0, .world = 1, .seed = (uint64_t)o->seed, .shuffle = !o->no_shuffle,
+			.rank = f->rank, .world = f->world, .seed = (uint64_t)o->seed,
+			.shuffle = !o->no_shuffle,
 			.prefetch = 4,
 		};
 		st = ng_loader_open(&f->train, &lc);
@@ -101,8 +105,10 @@ static enum ng_status feed_step(struct feed *f, const struct ng_shape *s, long l
 	size_t window = (size_t)s->B * (s->T + 1);
 	for (int k = 0; k < s->K; k++) {
 		if (f->synthetic) {
-			ng_synth_batch(&f->synth, 0, (uint64_t)step * s->K + k, s->B, s->T,
-				       buf + k * window);
+			/* rank r of W takes every W-th batch: W ranks see the batches one rank
+			 * with K*W micro-batches would */
+			ng_synth_batch(&f->synth, 0, ((uint64_t)step * s->K + k) * f->world + f->rank,
+				       s->B, s->T, buf + k * window);
 			continue;
 		}
 		const uint16_t *b;
@@ -115,6 +121,7 @@ static enum ng_status feed_step(struct feed *f, const struct ng_shape *s, long l
 }
 
 struct logger {
+	FILE *out;                 /* step lines: stderr on rank 0, /dev/null elsewhere */
 	FILE *metrics;
 	double t_start, t_last;    /* wall clock of the start and the last printed result */
 	long long last_step;       /* step of the last result */
@@ -147,7 +154,7 @@ static void log_result(struct logger *lg, const struct ng_step_result *r, bool p
 		char mfu_s[16] = "-";
 		if (lg->peak > 0)
 			snprintf(mfu_s, sizeof(mfu_s), "%.1f%%", mfu * 100);
-		fprintf(stderr, "step %*lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s"
+		fprintf(lg->out, "step %*lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s"
 			" | MFU %s | ETA %.0fs%s\n", (int)(snprintf(NULL, 0, "%lld", lg->steps)),
 			r->step, lg->steps, r->loss, r->lr, r->grad_norm, ms, tok_s, mfu_s, eta,
 			r->skipped ? " | SKIPPED: non-finite loss or gradient" : "");
@@ -179,17 +186,17 @@ static enum ng_status drain(struct ng_backend *be, struct logger *lg, bool wait,
 static enum ng_status validate(struct ng_backend *be, struct feed *f, struct logger *lg,
 			       long long step)
 {
-	if (!f->val)
+	if (!f->val || f->rank != 0) /* the same batches on every rank: rank 0 evaluates */
 		return NG_OK;
 	double loss;
 	enum ng_status st = be->evaluate(be->ctx, f->val, f->n_val, &loss);
 	if (st)
 		return st;
 	if (isfinite(f->floor))
-		fprintf(stderr, "step %lld | val loss %.4f | floor %.4f (entropy of the synthetic "
+		fprintf(lg->out, "step %lld | val loss %.4f | floor %.4f (entropy of the synthetic "
 			"corpus) | gap %.4f\n", step, loss, f->floor, loss - f->floor);
 	else
-		fprintf(stderr, "step %lld | val loss %.4f | perplexity %.2f\n", step, loss,
+		fprintf(lg->out, "step %lld | val loss %.4f | perplexity %.2f\n", step, loss,
 			exp(loss));
 	if (lg->metrics) {
 		fprintf(lg->metrics, "{\"step\":%lld,\"val_loss\":%.6g", step, loss);
@@ -206,10 +213,14 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	const struct ng_shape *s = &o->shape;
 	struct feed f;
 	struct logger lg = { 0 };
+	/* rank 0 logs and writes the metrics (already the mean over ranks); the others are quiet */
+	lg.out = o->world > 1 && o->rank != 0 ? fopen("/dev/null", "w") : stderr;
+	if (!lg.out)
+		lg.out = stderr;
 	enum ng_status st = feed_open(&f, o);
 	if (st)
 		goto out;
-	if (o->metrics_path) {
+	if (o->metrics_path && f.rank == 0) {
 		lg.metrics = fopen(o->metrics_path, "w");
 		if (!lg.metrics) {
 			st = ng_fail(NG_ERR_INPUT, "cannot write --metrics %s: %s", o->metrics_path,
@@ -217,15 +228,17 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 			goto out;
 		}
 	}
-	lg.tokens_per_step = (double)s->K * s->B * s->T;
+	lg.tokens_per_step = (double)s->K * s->B * s->T * f.world;
 	lg.flops_per_token = ng_gpt_flops_per_token(&s->model, s->T);
 	lg.peak = be->peak_flops;
 	lg.steps = o->steps;
-	fprintf(stderr, "data: %s", f.synthetic ? "synthetic Markov corpus" : o->train_glob);
+	fprintf(lg.out, "data: %s", f.synthetic ? "synthetic Markov corpus" : o->train_glob);
 	if (isfinite(f.floor))
-		fprintf(stderr, " (entropy floor %.4f nats/token)", f.floor);
-	fprintf(stderr, " | %d x %d x %d = %.0f tokens per step\n", s->K, s->B, s->T,
-		lg.tokens_per_step);
+		fprintf(lg.out, " (entropy floor %.4f nats/token)", f.floor);
+	fprintf(lg.out, " | %d x %d x %d", s->K, s->B, s->T);
+	if (f.world > 1)
+		fprintf(lg.out, " x %d ranks", f.world);
+	fprintf(lg.out, " = %.0f tokens per step\n", lg.tokens_per_step);
 	lg.t_start = lg.t_last = now_s();
 	for (long long step = 0; step < o->steps; step++) {
 		uint16_t *buf;
@@ -252,16 +265,18 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	if (st)
 		goto out;
 	double wall = now_s() - lg.t_start;
-	fprintf(stderr, "done: %lld steps in %.1f s | loss %.4f -> %.4f (%.1f%% lower)", o->steps,
+	fprintf(lg.out, "done: %lld steps in %.1f s | loss %.4f -> %.4f (%.1f%% lower)", o->steps,
 		wall, lg.first_loss, lg.last_loss, 100 * (1 - lg.last_loss / lg.first_loss));
 	if (lg.n_tok_s)
-		fprintf(stderr, " | mean %.0f tok/s after step 1", lg.sum_tok_s / lg.n_tok_s);
+		fprintf(lg.out, " | mean %.0f tok/s after step 1", lg.sum_tok_s / lg.n_tok_s);
 	if (lg.skipped)
-		fprintf(stderr, " | %lld updates skipped", lg.skipped);
-	fprintf(stderr, "\n");
+		fprintf(lg.out, " | %lld updates skipped", lg.skipped);
+	fprintf(lg.out, "\n");
 out:
 	if (lg.metrics)
 		fclose(lg.metrics);
+	if (lg.out != stderr)
+		fclose(lg.out);
 	if (f.synthetic || f.val)
 		feed_close(&f);
 	return st;

@@ -36,6 +36,9 @@ struct ng_train_opts {
 	const char *device;        /* "cuda" or "cpu" */
 	const char *metrics_path;  /* JSONL, or NULL */
 	long long log_every;       /* print a step line every N steps (the JSONL has every step) */
+	int rank, world;           /* data parallelism (src/dist.h); world 0 or 1: one process */
+	struct ng_dist *dist;      /* the bootstrap with the NCCL communicator, or NULL */
+	bool zero1;                /* ZeRO-1: AdamW moments sharded across ranks */
 	bool profile;              /* GPU: time every op of one step at start and print the table */
 	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
 };
