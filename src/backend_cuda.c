@@ -67,6 +67,11 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->zero1 = o->zero1;
 	c->profile = o->profile;
 	c->autotune = o->autotune;
+	if (o->recompute) {
+		c->step.recompute_gelu = strstr(o->recompute, "gelu") != NULL;
+		c->step.recompute_layernorm = strstr(o->recompute, "layernorm") != NULL;
+	}
+	c->step.head_chunk_rows = (int)o->head_chunk;
 }
 
 enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train_opts *o)

@@ -64,6 +64,11 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "GPU: time every op of one step at start and print where the time goes", false },
 		{ "--autotune", NG_FLAG_BOOL, &o.autotune, 0, 0, NULL,
 		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time", false },
+		{ "--recompute", NG_FLAG_STRING, &o.recompute, 0, 0, "WHAT",
+		  "GPU: recompute in the backward to save memory: gelu,layernorm | gelu | layernorm | "
+		  "none (none)", false },
+		{ "--head-chunk", NG_FLAG_INT, &o.head_chunk, 0, 1 << 30, "ROWS",
+		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (0)", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
 		{ "--world", NG_FLAG_INT, &da.world, 1, 1 << 20, "N",
@@ -104,6 +109,11 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	st = ng_cli_resolve_shape(&ma, &o.shape);
 	if (st)
 		return st;
+	if (o.recompute && strcmp(o.recompute, "none") != 0 &&
+	    strcmp(o.recompute, "gelu") != 0 && strcmp(o.recompute, "layernorm") != 0 &&
+	    strcmp(o.recompute, "gelu,layernorm") != 0 && strcmp(o.recompute, "layernorm,gelu") != 0)
+		return ng_fail(NG_ERR_INPUT, "train --recompute: '%s' is not gelu,layernorm | gelu | "
+			       "layernorm | none", o.recompute);
 	if (strcmp(o.schedule, "cosine") != 0 && strcmp(o.schedule, "linear") != 0)
 		return ng_fail(NG_ERR_INPUT, "train --schedule: '%s' is not cosine or linear",
 			       o.schedule);

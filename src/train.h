@@ -41,6 +41,8 @@ struct ng_train_opts {
 	bool zero1;                /* ZeRO-1: AdamW moments sharded across ranks */
 	bool profile;              /* GPU: time every op of one step at start and print the table */
 	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
+	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm" or "none" */
+	long long head_chunk;      /* GPU: classifier rows per chunk, 0 = all B*T at once */
 };
 
 /* What a backend reports for one optimizer step. */
