@@ -177,6 +177,110 @@ static enum ng_status dp_shard_layout(struct ng_exec *e, struct ng_graph *g)
 	return ng_graph_plan(g, g->align);
 }
 
+/* Overlap: which op completes each layer's gradient (the last op of the last micro-batch that
+ * writes a per-layer gradient of that layer), a second stream and an event per layer. */
+static enum ng_status dp_plan_overlap(struct ng_exec *e)
+{
+	const struct ng_graph *g = &e->train;
+	int L = g->cfg.L;
+	e->dp_bucket = malloc(sizeof(int) * (size_t)g->n_ops);
+	e->dp_sent = calloc((size_t)L, sizeof(bool));
+	e->dp_ready = calloc((size_t)L, sizeof(cudaEvent_t));
+	int *last = malloc(sizeof(int) * (size_t)L);
+	if (!e->dp_bucket || !e->dp_sent || !e->dp_ready || !last) {
+		free(last);
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	}
+	for (int l = 0; l < L; l++)
+		last[l] = -1;
+	for (int i = 0; i < g->n_ops; i++) {
+		const struct ng_op *op = &g->ops[i];
+		e->dp_bucket[i] = -1;
+		int gb = op->kind == NG_OP_MATMUL_DW ? op->out[0]
+			 : op->kind == NG_OP_LAYERNORM_BWD ? op->out[1] : -1;
+		if (gb == g->t_grads && op->layer >= 0 && op->layer < L && op->param[0] >= 0 &&
+		    g->lay.p[op->param[0]].per_layer)
+			last[op->layer] = i;
+	}
+	for (int l = 0; l < L; l++)
+		if (last[l] >= 0)
+			e->dp_bucket[last[l]] = l;
+	free(last);
+	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->dp_stream, cudaStreamNonBlocking)) ||
+	    NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->dp_join, cudaEventDisableTiming)))
+		return NG_ERR_RUNTIME;
+	for (int l = 0; l < L; l++)
+		if (NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->dp_ready[l], cudaEventDisableTiming)))
+			return NG_ERR_RUNTIME;
+	return NG_OK;
+}
+
+/* Enqueue the all-reduce of every per-layer gradient slice of layer l on `s` (one NCCL group). */
+static enum ng_status dp_reduce_layer(struct ng_exec *e, const struct ng_graph *g, int l,
+				      cudaStream_t s)
+{
+	float *grads = tp(e, g, g->t_grads);
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		const struct ng_param_spec *p = &g->lay.p[i];
+		if (!p->per_layer)
+			continue;
+		size_t n = p->numel / p->shape[0];
+		enum ng_status r = ng_collective_allreduce_mean_f32(e->cfg.comm,
+								    grads + p->offset + (size_t)l * n,
+								    n, s);
+		if (r)
+			return r;
+	}
+	return NG_OK;
+}
+
+/* After op i of the train graph: fork layer dp_bucket[i]'s all-reduce onto dp_stream. */
+static enum ng_status dp_after_op(struct ng_exec *e, const struct ng_graph *g, int i)
+{
+	if (!e->dp_bucket || g != &e->train || e->dp_bucket[i] < 0)
+		return NG_OK;
+	int l = e->dp_bucket[i];
+	if (NG_CUDA_CHECK(cudaEventRecord(e->dp_ready[l], e->stream)) ||
+	    NG_CUDA_CHECK(cudaStreamWaitEvent(e->dp_stream, e->dp_ready[l], 0)))
+		return NG_ERR_RUNTIME;
+	enum ng_status r = ng_collective_group_begin();
+	if (!r)
+		r = dp_reduce_layer(e, g, l, e->dp_stream);
+	enum ng_status r2 = ng_collective_group_end();
+	e->dp_sent[l] = true;
+	return r ? r : r2;
+}
+
+/* GRAD_NORM with overlap: join dp_stream, then all-reduce what was not sent (one group). */
+static enum ng_status dp_reduce_rest(struct ng_exec *e, const struct ng_graph *g, float *loss,
+				     cudaStream_t s)
+{
+	int L = g->cfg.L, sent = 0;
+	for (int l = 0; l < L; l++)
+		sent += e->dp_sent[l];
+	if (sent && (NG_CUDA_CHECK(cudaEventRecord(e->dp_join, e->dp_stream)) ||
+		     NG_CUDA_CHECK(cudaStreamWaitEvent(s, e->dp_join, 0))))
+		return NG_ERR_RUNTIME;
+	float *grads = tp(e, g, g->t_grads);
+	enum ng_status r = ng_collective_group_begin();
+	if (!r && sent == 0)
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, grads, g->lay.total, s);
+	for (int i = 0; i < NG_P_COUNT && !r && sent; i++) {
+		const struct ng_param_spec *p = &g->lay.p[i];
+		if (!p->per_layer)
+			r = ng_collective_allreduce_mean_f32(e->cfg.comm, grads + p->offset,
+							     p->numel, s);
+	}
+	for (int l = 0; l < L && !r && sent; l++)
+		if (!e->dp_sent[l])
+			r = dp_reduce_layer(e, g, l, s);
+	if (!r)
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, loss, 1, s);
+	enum ng_status r2 = ng_collective_group_end();
+	memset(e->dp_sent, 0, sizeof(bool) * (size_t)L);
+	return r ? r : r2;
+}
+
 /* Before GRAD_NORM: the mean gradient (all of it, or this rank's shard with ZeRO-1) and the
  * mean loss over ranks, then the squared norm (ZeRO-1: of the shard, summed across ranks). */
 static enum ng_status dp_grad_norm(struct ng_exec *e, const struct ng_graph *g,
@@ -185,7 +289,12 @@ static enum ng_status dp_grad_norm(struct ng_exec *e, const struct ng_graph *g,
 	struct ng_step_state *st = tp(e, g, op->out[0]);
 	float *grads = tp(e, g, op->in[0]);
 	size_t total = g->lay.total;
-	enum ng_status r = ng_collective_group_begin();
+	enum ng_status r;
+	if (e->dp_bucket) {
+		r = dp_reduce_rest(e, g, &st->loss_sum, s);
+		return r ? r : ng_grad_norm_squared(&st->grad_norm, grads, total, scratch, s);
+	}
+	r = ng_collective_group_begin();
 	if (!r)
 		r = e->cfg.zero1 ? ng_collective_reduce_scatter_mean_f32(e->cfg.comm, grads,
 									 e->shard_len, e->cfg.rank, s)
@@ -403,6 +512,8 @@ static enum ng_status run_graph_eager(struct ng_exec *e, const struct ng_graph *
 {
 	for (int i = 0; i < g->n_ops; i++) {
 		enum ng_status st = run_op(e, g, &g->ops[i], pl[i]);
+		if (!st)
+			st = dp_after_op(e, g, i);
 		if (st)
 			return st;
 	}
@@ -573,6 +684,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 		if (st)
 			return st;
 	}
+	if (cfg->comm && !cfg->zero1 && !cfg->dp_no_overlap && (st = dp_plan_overlap(e)))
+		return st;
 
 	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) ||
 	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))
@@ -652,6 +765,18 @@ void ng_exec_free(struct ng_exec *e)
 		return;
 	if (e->stream)
 		cudaStreamSynchronize(e->stream);
+	if (e->dp_stream) {
+		cudaStreamSynchronize(e->dp_stream);
+		cudaStreamDestroy(e->dp_stream);
+	}
+	for (int l = 0; e->dp_ready && l < e->train.cfg.L; l++)
+		if (e->dp_ready[l])
+			cudaEventDestroy(e->dp_ready[l]);
+	if (e->dp_join)
+		cudaEventDestroy(e->dp_join);
+	free(e->dp_ready);
+	free(e->dp_bucket);
+	free(e->dp_sent);
 	if (e->train_exec)
 		cudaGraphExecDestroy(e->train_exec);
 	if (e->train_graph)

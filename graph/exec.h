@@ -16,6 +16,10 @@
  * reduce-scattered instead, each rank runs AdamW on its shard of ceil(total / world) parameters
  * (its moments are only that shard: adam_m / adam_v shrink to it), the squared norm is summed
  * across ranks, and the updated fp32 and bf16 parameters are all-gathered.
+ * Overlap (all-reduce mode): in the last micro-batch, as soon as the op that writes a layer's
+ * gradient for the last time has been enqueued, an event forks a second stream that all-reduces
+ * that layer's slices while the backward of the layers below runs; GRAD_NORM joins the stream and
+ * all-reduces the rest (embeddings, final layernorm, any layer not sent) with the loss.
  */
 #ifndef NG_GRAPH_EXEC_H
 #define NG_GRAPH_EXEC_H
@@ -51,6 +55,7 @@ struct ng_exec_config {
 	int rank, world;               /* data parallelism: this process's rank, ranks (1 alone) */
 	struct ncclComm *comm;         /* NCCL communicator (src/dist.h); NULL: no collectives */
 	int zero1;                     /* ZeRO-1: AdamW moments sharded across ranks (needs comm) */
+	int dp_no_overlap;             /* all-reduce the whole gradient at GRAD_NORM, not per layer */
 	int profile;                   /* time every op of one eager step at init (op_ms) */
 };
 
@@ -93,6 +98,11 @@ struct ng_exec {
 	size_t device_total_bytes;     /* the GPU's memory */
 	size_t shard_len;              /* ZeRO-1: parameters per rank (ceil(total / world)) */
 	size_t shard_off;              /* ZeRO-1: first parameter this rank updates */
+	cudaStream_t dp_stream;        /* per-layer gradient all-reduces, overlapping the backward */
+	cudaEvent_t *dp_ready;         /* per layer: recorded once its gradient is final */
+	cudaEvent_t dp_join;           /* dp_stream's work done: GRAD_NORM waits on it */
+	int *dp_bucket;                /* per train op: the layer whose gradient it completes, or -1 */
+	bool *dp_sent;                 /* per layer: all-reduce launched in the current pass */
 	bool inited;
 };
 

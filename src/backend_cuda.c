@@ -65,6 +65,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->rank = c->world > 1 ? o->rank : 0;
 	c->comm = o->dist ? o->dist->comm : NULL;
 	c->zero1 = o->zero1;
+	c->dp_no_overlap = o->no_overlap;
 	c->profile = o->profile;
 	c->autotune = o->autotune;
 	if (o->recompute) {
@@ -106,7 +107,8 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			"inside the captured step%s\n", c.world,
 			ng_dist_method_name(o->dist->plan.method),
 			c.zero1 ? "reduce-scatter + parameter all-gather" : "all-reduce (mean)",
-			c.zero1 ? ", ZeRO-1 AdamW moments sharded" : "");
+			c.zero1 ? ", ZeRO-1 AdamW moments sharded"
+			: e->dp_bucket ? ", per layer as the backward finishes it" : "");
 	ng_exec_print_profile(e, log);
 	fprintf(log, "step: %d ops, %s\n", g->n_ops,
 		c.no_graph ? "launched eagerly (--no-graph)" : "captured as one CUDA Graph");

@@ -81,6 +81,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--zero1", NG_FLAG_BOOL, &o.zero1, 0, 0, NULL,
 		  "ZeRO-1: shard the AdamW moments across ranks (reduce-scatter + all-gather)",
 		  false },
+		{ "--no-overlap", NG_FLAG_BOOL, &o.no_overlap, 0, 0, NULL,
+		  "all-reduce the gradient after the backward instead of per layer during it",
+		  false },
 	};
 	int nmore = (int)(sizeof(more) / sizeof(more[0]));
 	memcpy(flags + NG_MODEL_NFLAGS, more, sizeof(more));

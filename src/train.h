@@ -39,6 +39,7 @@ struct ng_train_opts {
 	int rank, world;           /* data parallelism (src/dist.h); world 0 or 1: one process */
 	struct ng_dist *dist;      /* the bootstrap with the NCCL communicator, or NULL */
 	bool zero1;                /* ZeRO-1: AdamW moments sharded across ranks */
+	bool no_overlap;           /* all-reduce the gradient in one piece after the backward */
 	bool profile;              /* GPU: time every op of one step at start and print the table */
 	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
 	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm" or "none" */

@@ -7,6 +7,8 @@
 #   3. the throughput baseline: 1 GPU B=64 K=1 (no NCCL).
 # Prints the loss-curve differences against the 1-GPU run and the tokens/s ratio; logs and
 # metrics under $OUT (default ./multi-gpu-out). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# RUNS picks the parts (default "test w1_k2 w2 w2_zero1 w0"; also w2_nooverlap: --no-overlap,
+# w2_mpi: the same run launched by mpirun).
 set -uo pipefail
 steps=${1:-60}
 out=${OUT:-multi-gpu-out}
@@ -15,23 +17,28 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 common=(--model d12 --batch 64 --steps "$steps" --seed 1337 --val-batches 0 --log-every 10)
 ng=$build/nanograph
+runs=" ${RUNS:-test w1_k2 w2 w2_zero1 w0} "
+want() { [[ $runs == *" $1 "* ]]; }
 
-echo "== test_dist" | tee "$out/summary.txt"
-"$build"/tests/test_dist >"$out/test_dist.log" 2>&1
-tail -1 "$out/test_dist.log" | tee -a "$out/summary.txt"
+if want test; then
+  echo "== test_dist" | tee "$out/summary.txt"
+  "$build"/tests/test_dist >"$out/test_dist.log" 2>&1
+  tail -1 "$out/test_dist.log" | tee -a "$out/summary.txt"
+fi
 
 # 1 GPU, K=2, one-rank NCCL communicator
-$ng train "${common[@]}" --total-batch $((64 * 2 * 1024)) --world 1 \
-  --metrics "$out/w1_k2.jsonl" >"$out/w1_k2.log" 2>&1 || echo "w1_k2 failed (rc $?)" | tee -a "$out/summary.txt"
+want w1_k2 && { $ng train "${common[@]}" --total-batch $((64 * 2 * 1024)) --world 1 \
+  --metrics "$out/w1_k2.jsonl" >"$out/w1_k2.log" 2>&1 || echo "w1_k2 failed (rc $?)" | tee -a "$out/summary.txt"; }
 
 # 2 GPUs: two processes, one per GPU (file rendezvous), or mpirun when there is one
 two_ranks() { # NAME EXTRA-FLAGS...
   local name=$1; shift
   local f=$out/$name.nccl-id
   rm -f "$f"
-  if command -v mpirun >/dev/null && [ -n "${USE_MPI:-}" ]; then
-    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH $ng train \
-      "${common[@]}" "$@" --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1
+  if [ "$name" = w2_mpi ]; then
+    timeout 35 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH $ng \
+      train "${common[@]}" "$@" --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1 ||
+      echo "$name failed (rc $?)" | tee -a "$out/summary.txt"
     return
   fi
   $ng train "${common[@]}" "$@" --world 2 --rank 1 --dist-file "$f" >"$out/$name.rank1.log" 2>&1 &
@@ -42,11 +49,13 @@ two_ranks() { # NAME EXTRA-FLAGS...
   wait $p1 || rc=$?
   [ $rc = 0 ] || echo "$name failed (rc $rc)" | tee -a "$out/summary.txt"
 }
-two_ranks w2
-two_ranks w2_zero1 --zero1
+want w2 && two_ranks w2
+want w2_zero1 && two_ranks w2_zero1 --zero1
+want w2_nooverlap && two_ranks w2_nooverlap --no-overlap
 
 # throughput baseline: 1 GPU, B=64, plain path
-$ng train "${common[@]}" --metrics "$out/w0.jsonl" >"$out/w0.log" 2>&1 || echo "w0 failed" | tee -a "$out/summary.txt"
+want w0 && { $ng train "${common[@]}" --metrics "$out/w0.jsonl" >"$out/w0.log" 2>&1 || echo "w0 failed" | tee -a "$out/summary.txt"; }
+want w2_mpi && command -v mpirun >/dev/null && two_ranks w2_mpi
 
 python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
 import json, sys, os
@@ -56,22 +65,23 @@ def load(n):
     if not os.path.exists(p):
         return {}
     return {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
-ref, base = load("w1_k2"), load("w0")
+ref, base = load("w1_k2") or load("ref_w1_k2"), load("w0")
 def mean_tok(r):
     v = [x["tok_per_s"] for s, x in r.items() if s > 5]
     return sum(v) / len(v) if v else float("nan")
 print("runs: w1_k2 = 1 GPU B=64 K=2 --world 1 | w2 = 2 GPUs B=64 | w2_zero1 = + --zero1 | w0 = 1 GPU B=64 K=1")
-for n in ("w1_k2", "w2", "w2_zero1", "w0"):
+for n in ("w1_k2", "w2", "w2_zero1", "w2_nooverlap", "w2_mpi", "w0"):
     r = load(n)
     if not r:
         print(f"{n}: no metrics"); continue
     last = max(r)
     line = f"{n}: steps {len(r)} loss {r[1]['loss']:.4f} -> {r[last]['loss']:.4f} | mean tok/s (steps>5) {mean_tok(r):.0f}"
-    if n in ("w2", "w2_zero1") and ref:
+    if n.startswith("w2") and ref:
         d = [abs(r[s]["loss"] - ref[s]["loss"]) for s in r if s in ref]
         dn = [abs(r[s]["grad_norm"] - ref[s]["grad_norm"]) / ref[s]["grad_norm"] for s in r if s in ref]
         line += f" | vs w1_k2: mean |dloss| {sum(d)/len(d):.5f} max {max(d):.5f} (last {d[-1]:.5f}), max rel dnorm {max(dn):.4f}"
     print(line)
-if base and load("w2"):
-    print(f"speedup 2 GPUs (B=64 each) / 1 GPU (B=64): {mean_tok(load('w2')) / mean_tok(base):.3f}x")
+for n in ("w2", "w2_nooverlap", "w2_zero1", "w2_mpi"):
+    if base and load(n):
+        print(f"speedup {n} (2 GPUs, B=64 each) / w0 (1 GPU, B=64): {mean_tok(load(n)) / mean_tok(base):.3f}x")
 PY
