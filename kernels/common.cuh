@@ -121,6 +121,17 @@ static __device__ __forceinline__ double ng_block_sum_array_d_(const T *p, int n
 	return ng_block_sum_d_(acc, sh);
 }
 
+/* Dynamic shared memory above 48 KiB needs a per-kernel opt-in (a host call, not a stream
+ * operation, so it is allowed while a stream is being captured). */
+template <typename K>
+static inline enum ng_status ng_ensure_smem_(K kernel, size_t bytes)
+{
+	if (bytes <= 48 * 1024)
+		return NG_OK;
+	return NG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						  (int)bytes));
+}
+
 /* Is p aligned to 16 bytes? (host side, for the launchers' precondition checks) */
 static inline int ng_aligned16_(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 

@@ -8,7 +8,11 @@
  * Backward, layernorm_bwd_warp_per_row_partials<NCH>: one warp per row (dout, inp, dinp held in
  * registers), rows strided over a fixed number of blocks; each warp accumulates dw/db partials in
  * its own shared-memory row, the block sums its warps in order into scratch, and
- * layernorm_bwd_reduce_partials sums the blocks in order. Same bytes every run.
+ * layernorm_bwd_reduce_partials sums the blocks in order (32 columns x 16 slices per block, so
+ * ~C/16 blocks share the work: the one-thread-per-column version ran on C/256 SMs). The grid is
+ * exactly one wave on 132 SMs: ln_bwd_blocks_per_sm(NCH) blocks per SM, which the kernel's
+ * __launch_bounds__ guarantees registers for (the fixed 528 blocks were 1.33 waves at C = 1600,
+ * where 154 registers allowed only 3 blocks per SM). Same bytes every run.
  * Formulas: dxhat = dout * w; dinp = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
  * References: llm.c layernorm_forward/backward; Ba et al. 2016 "Layer Normalization".
  */
@@ -19,8 +23,10 @@
 #define LN_EPS 1e-5f
 #define LN_MAX_C 4096 /* rows live in registers: 16 chunks of 8 per lane at most */
 #define LN_WARPS 4        /* warps (rows in flight) per block */
-#define LN_BWD_BLOCKS 528 /* fixed block count of the backward (4 per SM of an H100/H200): it
-                           * fixes the summation order, so it must not depend on the device */
+#define LN_BWD_SMS 132    /* SMs of an H100/H200: the backward's grid is LN_BWD_SMS times the
+                           * blocks per SM of its NCH class, a constant per C (the grid fixes
+                           * the summation order, so it must not depend on the device) */
+#define LN_RED_SLICES 16  /* partial rows each column of the partials reduction splits into */
 
 /* Chunks of 8 channels each lane holds: lane l owns channels l*8 + 256 j, j < NCH. The row
  * lives in registers, and all of a row's loads are issued before any is used (memory-level
@@ -112,8 +118,16 @@ static __device__ __forceinline__ void add8_shared(float *p, const float v[8])
 	q[1] = b;
 }
 
+/* Blocks per SM the backward is built for (registers via __launch_bounds__, shared memory
+ * 4 warps x 2 x C x 4 bytes within 227 KiB). */
+static __host__ __device__ constexpr int ln_bwd_blocks_per_sm(int nch)
+{
+	return nch <= 3 ? 6 : nch <= 6 ? 4 : nch <= 8 ? 3 : nch <= 12 ? 2 : 1;
+}
+
 template <int NCH>
-static __global__ void layernorm_bwd_warp_per_row_partials(
+static __global__ void __launch_bounds__(LN_WARPS *NG_WARP, ln_bwd_blocks_per_sm(NCH))
+layernorm_bwd_warp_per_row_partials(
 	__nv_bfloat16 *dinp, float *part_dw, float *part_db, const __nv_bfloat16 *dout,
 	const __nv_bfloat16 *inp, const __nv_bfloat16 *w, const float *mean, const float *rstd,
 	int N, int C)
@@ -195,42 +209,52 @@ static __global__ void layernorm_bwd_warp_per_row_partials(
 	}
 }
 
+/* Block (32, LN_RED_SLICES) sums 32 columns of dw (blockIdx.y 0) or db (1) over the nblocks
+ * partial rows: slice y takes rows y, y + 16, ... in order, then row 0 of the block adds the 16
+ * slices in order. Fixed order: deterministic. */
 static __global__ void layernorm_bwd_reduce_partials(float *dw, float *db, const float *part_dw,
 						     const float *part_db, int nblocks, int C)
 {
-	int c = blockIdx.x * blockDim.x + threadIdx.x;
-	if (c >= C)
+	__shared__ float sh[LN_RED_SLICES][NG_WARP + 1];
+	int c = blockIdx.x * NG_WARP + threadIdx.x;
+	const float *part = blockIdx.y == 0 ? part_dw : part_db;
+	float acc = 0.0f;
+	if (c < C)
+		for (int k = threadIdx.y; k < nblocks; k += LN_RED_SLICES)
+			acc += part[(size_t)k * C + c];
+	sh[threadIdx.y][threadIdx.x] = acc;
+	__syncthreads();
+	if (threadIdx.y != 0 || c >= C)
 		return;
-	float sw = 0.0f, sb = 0.0f;
-	for (int k = 0; k < nblocks; k++) {
-		sw += part_dw[(size_t)k * C + c];
-		sb += part_db[(size_t)k * C + c];
-	}
-	dw[c] += sw;
-	db[c] += sb;
+	for (int y = 1; y < LN_RED_SLICES; y++)
+		acc += sh[y][threadIdx.x];
+	float *dst = blockIdx.y == 0 ? dw : db;
+	dst[c] += acc;
 }
 
-static int bwd_blocks(int N)
+static int nch_of(int C) { return (C + NG_WARP * 8 - 1) / (NG_WARP * 8); }
+
+/* The backward's grid: one wave of ln_bwd_blocks_per_sm blocks per SM, fewer for small N. The
+ * NCH class must match the one ln_launch instantiates. */
+static int bwd_blocks(int N, int C)
 {
+	int nch = nch_of(C);
+	if (nch > 8)
+		nch = nch <= 12 ? 12 : 16;
+	int per_sm = ln_bwd_blocks_per_sm(nch);
+	int smem_fit = (227 * 1024) / (LN_WARPS * 2 * C * 4 + 1024); /* 1 KiB reserved per block */
+	if (per_sm > smem_fit)
+		per_sm = smem_fit > 0 ? smem_fit : 1;
+	int cap = LN_BWD_SMS * per_sm;
 	int nb = (N + LN_WARPS - 1) / LN_WARPS;
-	return nb < LN_BWD_BLOCKS ? nb : LN_BWD_BLOCKS;
+	return nb < cap ? nb : cap;
 }
 
 extern "C" size_t ng_layernorm_bwd_scratch_bytes(int N, int C)
 {
 	if (N <= 0 || C <= 0)
 		return 0;
-	return 2 * (size_t)bwd_blocks(N) * C * sizeof(float);
-}
-
-/* Shared memory above 48 KiB needs an opt-in per kernel (a host call, not a stream operation). */
-template <typename K>
-static enum ng_status ensure_smem(K kernel, size_t bytes)
-{
-	if (bytes <= 48 * 1024)
-		return NG_OK;
-	return NG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						  (int)bytes));
+	return 2 * (size_t)bwd_blocks(N, C) * C * sizeof(float);
 }
 
 static enum ng_status check_args(const char *who, int N, int C, const void *p0, const void *p1,
@@ -262,13 +286,13 @@ static enum ng_status ln_launch_nch(const struct ln_args *x, cudaStream_t s)
 {
 	if (KIND == 2) {
 		size_t smem = (size_t)LN_WARPS * 2 * x->C * sizeof(float);
-		enum ng_status st = ensure_smem(layernorm_bwd_warp_per_row_partials<NCH>, smem);
+		enum ng_status st = ng_ensure_smem_(layernorm_bwd_warp_per_row_partials<NCH>, smem);
 		if (st)
 			return st;
-		layernorm_bwd_warp_per_row_partials<NCH><<<bwd_blocks(x->N), LN_WARPS * NG_WARP, smem,
-							   s>>>(x->dinp, x->part_dw, x->part_db,
-								x->dout, x->a, x->w, x->cmean,
-								x->crstd, x->N, x->C);
+		unsigned grid = (unsigned)bwd_blocks(x->N, x->C);
+		layernorm_bwd_warp_per_row_partials<NCH><<<grid, LN_WARPS * NG_WARP, smem, s>>>(
+			x->dinp, x->part_dw, x->part_db, x->dout, x->a, x->w, x->cmean, x->crstd, x->N,
+			x->C);
 		return NG_LAUNCH_CHECK("layernorm_bwd_warp_per_row_partials");
 	}
 	unsigned grid = (unsigned)((x->N + LN_WARPS - 1) / LN_WARPS);
@@ -281,7 +305,7 @@ static enum ng_status ln_launch_nch(const struct ln_args *x, cudaStream_t s)
 template <int KIND>
 static enum ng_status ln_launch(const struct ln_args *x, cudaStream_t s)
 {
-	int nch = (x->C + NG_WARP * 8 - 1) / (NG_WARP * 8);
+	int nch = nch_of(x->C);
 	switch (nch) {
 	case 1: return ln_launch_nch<1, KIND>(x, s);
 	case 2: return ln_launch_nch<2, KIND>(x, s);
@@ -349,7 +373,7 @@ extern "C" enum ng_status ng_layernorm_bwd(ng_bf16 *dinp, float *dw, float *db,
 	enum ng_status st = check_args("ng_layernorm_bwd", N, C, dinp, dout, inp, w, scratch, dinp);
 	if (st)
 		return st;
-	int nb = bwd_blocks(N);
+	int nb = bwd_blocks(N, C);
 	struct ln_args x = {};
 	x.dinp = (__nv_bfloat16 *)dinp;
 	x.part_dw = (float *)scratch;
@@ -363,7 +387,7 @@ extern "C" enum ng_status ng_layernorm_bwd(ng_bf16 *dinp, float *dw, float *db,
 	x.C = C;
 	if ((st = ln_launch<2>(&x, s)))
 		return st;
-	layernorm_bwd_reduce_partials<<<(C + 255) / 256, 256, 0, s>>>(dw, db, x.part_dw, x.part_db,
-								      nb, C);
+	dim3 rgrid((unsigned)((C + NG_WARP - 1) / NG_WARP), 2), rblock(NG_WARP, LN_RED_SLICES);
+	layernorm_bwd_reduce_partials<<<rgrid, rblock, 0, s>>>(dw, db, x.part_dw, x.part_db, nb, C);
 	return NG_LAUNCH_CHECK("layernorm_bwd_reduce_partials");
 }

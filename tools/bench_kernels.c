@@ -6,7 +6,8 @@
  * Method: CUDA events around each launch, 3 warm-ups, the median of 21 timed launches; inputs
  * rotate over enough copies that each launch's working set exceeds 256 MB (L2 is 60 MB), so the
  * figures are HBM figures. Bytes are the minimum traffic of the operation (each input read once,
- * each output written once), so "% of 4.28 TB/s" is against the copy bandwidth of GPU.md.
+ * each output written once), so "% of 4.28 TB/s" is against the copy bandwidth of GPU.md;
+ * encoder_bwd gets a second line counting what its sort-based implementation moves.
  * Buffers hold a constant bit pattern (0x3c3c..: small finite values) except tokens and targets.
  * Usage: bench_kernels [d12|d48]... (default both). Prints one line per kernel.
  */
@@ -81,8 +82,9 @@ static int cmp_float(const void *a, const void *b)
 /* One kernel: a launcher taking the rotation index. */
 typedef enum ng_status (*launch_fn)(struct bench *b, int rot, void *arg);
 
-static void time_kernel(struct bench *b, const char *kernel, double bytes, launch_fn fn,
-			void *arg)
+/* Times one kernel, prints its line and returns the median seconds. */
+static double time_kernel(struct bench *b, const char *kernel, double bytes, launch_fn fn,
+			  void *arg)
 {
 	cudaEvent_t e0, e1;
 	cudaEventCreate(&e0);
@@ -111,6 +113,7 @@ static void time_kernel(struct bench *b, const char *kernel, double bytes, launc
 	       b->copies, b->copies == 1 ? "y" : "ies");
 	cudaEventDestroy(e0);
 	cudaEventDestroy(e1);
+	return t;
 }
 
 /* Each kernel's buffers: rotation bases and per-copy strides. */
@@ -276,7 +279,14 @@ static void run_shape(const char *preset, int B)
 	setup(b, &x, by, 4, (size_t[]){wte * 4, wpe * 4, act, 0});
 	x.sz[3] = ng_encoder_bwd_scratch_bytes(b->B, b->T, b->C);
 	x.p[3] = carve(b, x.sz[3]);
-	time_kernel(b, "encoder_bwd (sort+runs)", by, l_encoder_bwd, &x);
+	double t = time_kernel(b, "encoder_bwd (sort+runs)", by, l_encoder_bwd, &x);
+	/* What this implementation moves: dout twice (the dwte gather and the dwpe sum), dwte and
+	 * dwpe read and written, and the sort's traffic: iota (4n), histogram (4n), two 8-bit
+	 * onesweep passes over keys+values (2 x 16n), the run kernel's keys and positions (~12n). */
+	double impl = 2.0 * act + 2.0 * uniq * C * 4 + 2.0 * wpe * 4 + 52.0 * N;
+	printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB moved by this "
+	       "implementation)\n", b->name, "  same, implementation bytes", t * 1e6, impl / t / 1e9,
+	       100.0 * impl / t / COPY_BW, impl / 1e6);
 
 	by = 2.0 * act + 8.0 * N;
 	setup(b, &x, by, 5, (size_t[]){act, N * 4, N * 4, act, 0});
