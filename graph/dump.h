@@ -3,10 +3,12 @@
  * SVG, for people to look at (nanograph dump) and for CI to check (dot -Tsvg renders it,
  * xmllint accepts the SVG, the sizes drawn equal the planner's).
  *
- * step.dot: ops are nodes (label: op name, then its outputs as dtype[shape]); tensors are edges
- * from the op that last wrote them (or from a node for a persistent tensor not yet written)
- * to each op that reads them, labelled with the tensor's name, coloured by role; ops are
- * grouped in clusters per micro-batch and phase (input, forward, loss, backward, optimizer).
+ * step.dot: ops are nodes (label: op name, its outputs as dtype[shape], the parameters it
+ * reads, its workspace); tensors are edges from the op that last wrote them to each op that
+ * reads them (xlabel and tooltip: the tensor's name), coloured by role; persistent tensors are
+ * nodes with edges to the optimizer ops only (parameter reads are named in the op labels:
+ * hundreds of edges from one node make dot's layout impractically slow); ops are grouped in
+ * clusters per micro-batch and phase (input, forward, loss, backward, optimizer).
  *
  * arena.svg: the planned region over time. x is the op index, y the offset from the start of
  * the planned region (0 at the bottom); one <rect> per planned tensor with a <title> tooltip
