@@ -24,11 +24,10 @@ void ng_step_default_options(struct ng_step_options *opt)
 	opt->align = 256;
 }
 
-void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T, int rows,
+void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,
 				struct ng_step_workspace *ws)
 {
 	size_t C = (size_t)cfg->C, H = (size_t)cfg->H, N = (size_t)B * (size_t)T;
-	(void)rows;
 	memset(ws, 0, sizeof(*ws));
 	ws->matmul = 32 * MIB + 4 * C * sizeof(float) * 128;
 	ws->attn_fwd = 1 * MIB;
@@ -437,7 +436,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	if (opt.ws)
 		b->ws = *opt.ws;
 	else
-		ng_step_workspace_estimate(cfg, B, T, 0, &b->ws);
+		ng_step_workspace_estimate(cfg, B, T, &b->ws);
 	if (!opt.deterministic)
 		b->ws.encoder_bwd = MIB; /* atomics need no buckets */
 

@@ -55,7 +55,7 @@ struct ng_step_options {
 void ng_step_default_options(struct ng_step_options *opt);
 
 /* The workspace estimates for a shape (B sequences of T tokens). */
-void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T, int rows,
+void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,
 				struct ng_step_workspace *ws);
 
 /* Build and plan the training step of K micro-batches of B x T tokens. `g` is overwritten
