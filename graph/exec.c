@@ -861,7 +861,7 @@ enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out,
 				return NG_ERR_RUNTIME;
 			ms[*n] = t;
 		}
-		out[(*n)++] = e->ring[e->collected % NG_EXEC_RING];
+		out[(*n)++] = e->ring[(e->collected + e->step_base) % NG_EXEC_RING];
 		e->collected++;
 	}
 	return NG_OK;
@@ -895,6 +895,46 @@ enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host)
 		return NG_ERR_RUNTIME;
 	return NG_CUDA_CHECK(cudaMemcpy(host, tp(e, g, tensor), g->tensors[tensor].bytes,
 					cudaMemcpyDeviceToHost));
+}
+
+enum ng_status ng_exec_upload(struct ng_exec *e, int tensor, const void *host)
+{
+	const struct ng_graph *g = &e->train;
+	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
+		return NG_ERR_RUNTIME;
+	return NG_CUDA_CHECK(cudaMemcpy(tp(e, g, tensor), host, g->tensors[tensor].bytes,
+					cudaMemcpyHostToDevice));
+}
+
+enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const float *m,
+			       const float *v, long long step, long long n_skipped)
+{
+	const struct ng_graph *g = &e->train;
+	if (e->submitted != e->collected)
+		return ng_fail(NG_ERR_RUNTIME, "restore with %lld steps in flight",
+			       e->submitted - e->collected);
+	struct ng_step_state ss = { 0 };
+	ss.step = (int)step;
+	ss.n_skipped = (int)n_skipped;
+	enum ng_status st = ng_exec_upload(e, g->t_params, params);
+	if (!st)
+		st = ng_exec_upload(e, g->t_adam_m, m);
+	if (!st)
+		st = ng_exec_upload(e, g->t_adam_v, v);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpy(tp(e, g, g->t_step_state), &ss, sizeof(ss),
+					      cudaMemcpyHostToDevice));
+	if (!st)
+		st = ng_cast_f32_to_bf16(tp(e, g, g->t_params_bf16), tp(e, g, g->t_params),
+					 g->lay.total, e->stream);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemsetAsync(tp(e, g, g->t_grads), 0,
+						   g->tensors[g->t_grads].bytes, e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	if (!st)
+		e->step_base = step - e->collected;
+	return st;
 }
 
 enum ng_status ng_exec_dump_cuda_graph(struct ng_exec *e, const char *path, char *text, size_t n)

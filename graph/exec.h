@@ -92,6 +92,7 @@ struct ng_exec {
 	cudaGraphExec_t eval_exec;
 	long long submitted;           /* steps launched */
 	long long collected;           /* steps whose metrics were read */
+	long long step_base;           /* optimizer steps restored from a checkpoint (ring slots) */
 	float *op_ms;                  /* profile: device ms of each train op (n_ops), or NULL */
 	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
 	char device_name[256];
@@ -128,6 +129,14 @@ enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, doubl
 enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host);
 /* Print the profile (op_ms) grouped by op kind and layer type, largest first, to `f`. */
 void ng_exec_print_profile(const struct ng_exec *e, void *file);
+/* Copy host data into a persistent tensor of the train graph (synchronous; between steps). The
+ * captured graph reads device memory only, so the next replay sees it without a re-capture. */
+enum ng_status ng_exec_upload(struct ng_exec *e, int tensor, const void *host);
+/* Restore a training state between steps: fp32 params (and their bf16 copy, rounded as AdamW
+ * rounds), AdamW m and v (each lay.total floats), grads zeroed, the step state {step, n_skipped};
+ * the metrics ring continues at slot `step`. */
+enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const float *m,
+			       const float *v, long long step, long long n_skipped);
 /* Write cuda_graph.dot of the captured step to `path` and count its nodes by type into `text`. */
 enum ng_status ng_exec_dump_cuda_graph(struct ng_exec *e, const char *path, char *text, size_t n);
 

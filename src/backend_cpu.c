@@ -98,6 +98,54 @@ static enum ng_status cpu_evaluate(void *ctx, const uint16_t *tokens, int n, dou
 	return NG_OK;
 }
 
+static enum ng_status cpu_save_state(void *ctx, struct ng_train_state *s, float **params32)
+{
+	struct cpu_ctx *c = ctx;
+	size_t n = c->m.lay.total;
+	*params32 = malloc(n * sizeof(float));
+	if (!*params32)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for a checkpoint");
+	enum ng_status st = ng_ckpt_state_alloc(s, 8, n);
+	if (st) {
+		free(*params32);
+		*params32 = NULL;
+		return st;
+	}
+	memcpy(s->params, c->m.params, n * sizeof(double));
+	memcpy(s->m, c->m.m, n * sizeof(double));
+	memcpy(s->v, c->m.v, n * sizeof(double));
+	for (size_t i = 0; i < n; i++)
+		(*params32)[i] = (float)c->m.params[i];
+	s->step = c->step;
+	s->n_skipped = c->step - c->m.step;
+	return NG_OK;
+}
+
+/* dst (n doubles) from a state buffer of 4- or 8-byte elements. */
+static void widen(double *dst, const void *src, int elem, size_t n)
+{
+	if (elem == 8) {
+		memcpy(dst, src, n * sizeof(double));
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		dst[i] = ((const float *)src)[i];
+}
+
+static enum ng_status cpu_load_state(void *ctx, const struct ng_train_state *s)
+{
+	struct cpu_ctx *c = ctx;
+	if (s->n != c->m.lay.total)
+		return ng_fail(NG_ERR_INPUT, "training state has %zu parameters, the model %zu",
+			       s->n, c->m.lay.total);
+	widen(c->m.params, s->params, s->elem_size, s->n);
+	widen(c->m.m, s->m, s->elem_size, s->n);
+	widen(c->m.v, s->v, s->elem_size, s->n);
+	c->step = s->step;
+	c->m.step = (int)(s->step - s->n_skipped);
+	return NG_OK;
+}
+
 static void cpu_free(void *ctx)
 {
 	struct cpu_ctx *c = ctx;
@@ -130,7 +178,8 @@ enum ng_status ng_backend_cpu_init(struct ng_backend *be, const struct ng_train_
 	*be = (struct ng_backend){
 		.name = "cpu (double-precision reference)", .ctx = c, .peak_flops = 0,
 		.input_buffer = cpu_input_buffer, .submit = cpu_submit, .collect = cpu_collect,
-		.evaluate = cpu_evaluate, .free = cpu_free,
+		.evaluate = cpu_evaluate, .save_state = cpu_save_state,
+		.load_state = cpu_load_state, .free = cpu_free,
 	};
 	return NG_OK;
 }

@@ -36,6 +36,55 @@ static enum ng_status cu_evaluate(void *ctx, const uint16_t *tokens, int n, doub
 	return ng_exec_evaluate(e, tokens, loss);
 }
 
+static enum ng_status cu_save_state(void *ctx, struct ng_train_state *s, float **params32)
+{
+	struct ng_exec *e = ctx;
+	const struct ng_graph *g = &e->train;
+	struct ng_step_state ss;
+	enum ng_status st = ng_exec_download(e, g->t_step_state, &ss);
+	if (!st)
+		st = ng_ckpt_state_alloc(s, 4, g->lay.total);
+	if (!st)
+		st = ng_exec_download(e, g->t_params, s->params);
+	if (!st)
+		st = ng_exec_download(e, g->t_adam_m, s->m);
+	if (!st)
+		st = ng_exec_download(e, g->t_adam_v, s->v);
+	*params32 = NULL;
+	if (!st && !(*params32 = malloc(g->lay.total * sizeof(float))))
+		st = ng_fail(NG_ERR_RUNTIME, "out of host memory for a checkpoint");
+	if (st) {
+		ng_ckpt_state_free(s);
+		return st;
+	}
+	memcpy(*params32, s->params, g->lay.total * sizeof(float));
+	s->step = ss.step;
+	s->n_skipped = ss.n_skipped;
+	return NG_OK;
+}
+
+static enum ng_status cu_load_state(void *ctx, const struct ng_train_state *s)
+{
+	struct ng_exec *e = ctx;
+	size_t n = e->train.lay.total;
+	if (s->n != n)
+		return ng_fail(NG_ERR_INPUT, "training state has %zu parameters, the model %zu",
+			       s->n, n);
+	if (s->elem_size == 4)
+		return ng_exec_restore(e, s->params, s->m, s->v, s->step, s->n_skipped);
+	/* a state from the CPU reference (double): narrowed to the GPU's fp32 master copy */
+	float *f = malloc(3 * n * sizeof(float));
+	if (!f)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	const double *src[3] = { s->params, s->m, s->v };
+	for (int k = 0; k < 3; k++)
+		for (size_t i = 0; i < n; i++)
+			f[k * n + i] = (float)src[k][i];
+	enum ng_status st = ng_exec_restore(e, f, f + n, f + 2 * n, s->step, s->n_skipped);
+	free(f);
+	return st;
+}
+
 static void cu_free(void *ctx)
 {
 	ng_exec_free(ctx);
@@ -117,7 +166,7 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 	*be = (struct ng_backend){
 		.name = "cuda", .ctx = e, .peak_flops = e->peak_flops, .input_buffer = cu_input,
 		.submit = cu_submit, .collect = cu_collect, .evaluate = cu_evaluate,
-		.free = cu_free,
+		.save_state = cu_save_state, .load_state = cu_load_state, .free = cu_free,
 	};
 	return NG_OK;
 }

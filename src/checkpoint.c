@@ -56,7 +56,8 @@ static enum ng_status write_all(int fd, const void *p, size_t n, const char *pat
 	return NG_OK;
 }
 
-/* Write header + tensors to path through path.tmp, fsync, rename, fsync the directory. */
+/* Write the 8-byte length, header and tensors (header NULL: the tensors' bytes only) to path
+ * through path.tmp, fsync, rename, fsync the directory. */
 static enum ng_status write_atomic(const char *path, const char *header, size_t hlen,
 				   const struct out_tensor *t, int n)
 {
@@ -68,8 +69,8 @@ static enum ng_status write_atomic(const char *path, const char *header, size_t 
 	unsigned char len8[8];
 	for (int i = 0; i < 8; i++)
 		len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-	enum ng_status st = write_all(fd, len8, 8, tmp);
-	if (!st)
+	enum ng_status st = header ? write_all(fd, len8, 8, tmp) : NG_OK;
+	if (!st && header)
 		st = write_all(fd, header, hlen, tmp);
 	for (int i = 0; i < n && !st; i++)
 		st = write_all(fd, t[i].data, t[i].bytes, tmp);
@@ -712,27 +713,12 @@ enum ng_status ng_ckpt_save(const char *dir, const struct ng_train_state *s,
 		st = ng_ckpt_write_state(path, s);
 	if (st)
 		return st;
+	/* `latest` is plain text, through the same temporary-fsync-rename path */
 	char text[32];
-	int len = snprintf(text, sizeof(text), "%lld\n", s->step);
-	/* `latest` is plain text: write it through the same temporary-fsync-rename path */
+	struct out_tensor t = { "latest", "", 0, { 0, 0 }, text, 0 };
+	t.bytes = (size_t)snprintf(text, sizeof(text), "%lld\n", s->step);
 	snprintf(path, sizeof(path), "%s/latest", dir);
-	char tmp[4200];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	if (fd < 0)
-		return ng_fail(NG_ERR_INPUT, "cannot create %s: %s", tmp, strerror(errno));
-	st = write_all(fd, text, (size_t)len, tmp);
-	if (!st && fsync(fd) != 0)
-		st = ng_fail(NG_ERR_RUNTIME, "fsync %s: %s", tmp, strerror(errno));
-	close(fd);
-	if (!st && rename(tmp, path) != 0)
-		st = ng_fail(NG_ERR_RUNTIME, "rename %s: %s", tmp, strerror(errno));
-	int dfd = open(dir, O_RDONLY);
-	if (dfd >= 0) {
-		fsync(dfd);
-		close(dfd);
-	}
-	return st;
+	return write_atomic(path, NULL, 0, &t, 1);
 }
 
 enum ng_status ng_ckpt_latest(const char *dir, long long *step)

@@ -12,7 +12,5 @@
 		return ng_fail(NG_ERR_RUNTIME, "%s is not implemented in this version", what); \
 	}
 
-NOT_YET(ng_cmd_sample, "sample")
-NOT_YET(ng_cmd_eval, "eval")
 NOT_YET(ng_cmd_bench_kernels, "bench-kernels")
 

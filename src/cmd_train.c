@@ -50,6 +50,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "write a checkpoint every N steps", false },
 		{ "--resume", NG_FLAG_BOOL, &o.resume, 0, 0, NULL,
 		  "continue from the latest checkpoint in --out", false },
+		{ "--stop-after", NG_FLAG_INT, &o.stop_after, 0, 1e12, "N",
+		  "checkpoint and stop after step N, as SIGINT/SIGTERM do (0 = never)", false },
 		{ "--seed", NG_FLAG_INT, &o.seed, 0, 9e18, "N", "init and data order (1337)",
 		  false },
 		{ "--deterministic", NG_FLAG_BOOL, &o.deterministic, 0, 0, NULL,
@@ -122,12 +124,6 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 			       o.schedule);
 	if (o.warmup > o.steps)
 		o.warmup = o.steps;
-	if (o.ckpt_every || o.resume) {
-		ng_fail(NG_ERR_INPUT, "train: checkpoints (--ckpt-every, --resume) are not "
-			"available in this version");
-		ng_hint("run without them; checkpointing is issue 10");
-		return NG_ERR_INPUT;
-	}
 	if (o.val_glob && !o.train_glob)
 		return ng_fail(NG_ERR_INPUT, "train: --val needs --train (without --train the "
 			       "synthetic corpus provides its own validation stream)");

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,15 @@ struct feed {
 	double floor;              /* synthetic: the entropy floor in nats; NAN otherwise */
 	int rank, world;           /* this process's share: disjoint batches per rank */
 };
+
+/* Set by SIGINT/SIGTERM: the loop writes a checkpoint after the current step and stops. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig)
+{
+	(void)sig;
+	stop_requested = 1;
+}
 
 static double now_s(void)
 {
@@ -141,7 +151,7 @@ static void log_result(struct logger *lg, const struct ng_step_result *r, bool p
 	lg->last_step = r->step;
 	double tok_s = lg->tokens_per_step / (ms * 1e-3);
 	double mfu = lg->peak > 0 ? tok_s * lg->flops_per_token / lg->peak : 0;
-	if (r->step == 1)
+	if (isnan(lg->first_loss))
 		lg->first_loss = r->loss;
 	else {
 		lg->sum_tok_s += tok_s;
@@ -208,6 +218,86 @@ static enum ng_status validate(struct ng_backend *be, struct feed *f, struct log
 	return NG_OK;
 }
 
+/* Checkpoint after `step` steps (everything collected first; rank 0 writes). */
+static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backend *be,
+				 struct feed *f, struct logger *lg, long long step)
+{
+	enum ng_status st = drain(be, lg, true, o->log_every);
+	if (st)
+		return st;
+	if (f->world > 1 && o->zero1)
+		return ng_fail(NG_ERR_INPUT, "checkpoints of a ZeRO-1 run (sharded AdamW moments) "
+			       "are not supported in this version");
+	if (f->rank != 0)
+		return NG_OK;
+	struct ng_train_state s = { 0 };
+	float *p32 = NULL;
+	double t0 = now_s();
+	st = be->save_state(be->ctx, &s, &p32);
+	if (st)
+		return st;
+	if (s.step != step)
+		st = ng_fail(NG_ERR_RUNTIME, "checkpoint: the backend is at step %lld, the loop at "
+			     "%lld", s.step, step);
+	s.cfg = o->shape.model;
+	s.B = o->shape.B;
+	s.T = o->shape.T;
+	s.K = o->shape.K;
+	s.seed = (uint64_t)o->seed;
+	s.has_pos = !f->synthetic;
+	if (s.has_pos)
+		ng_loader_tell(&f->train, &s.pos);
+	if (!st)
+		st = ng_ckpt_save(o->out_dir, &s, p32);
+	if (!st)
+		fprintf(lg->out, "checkpoint: step %lld -> %s/{model,state}_%08lld.safetensors "
+			"(%.2f s)\n", step, o->out_dir, step, now_s() - t0);
+	free(p32);
+	ng_ckpt_state_free(&s);
+	return st;
+}
+
+/* --resume: the latest checkpoint of out_dir into the backend and the loader; *start = its step. */
+static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *be, struct feed *f,
+			     struct logger *lg, long long *start)
+{
+	long long step;
+	char path[4096];
+	enum ng_status st = ng_ckpt_latest(o->out_dir, &step);
+	if (st)
+		return st;
+	ng_ckpt_path(path, sizeof(path), o->out_dir, "state", step);
+	struct ng_train_state s;
+	st = ng_ckpt_read_state(path, &s);
+	if (st)
+		return st;
+	const struct ng_gpt_config *m = &o->shape.model;
+	if (s.cfg.L != m->L || s.cfg.H != m->H || s.cfg.C != m->C || s.cfg.T != m->T ||
+	    s.cfg.V != m->V || s.B != o->shape.B || s.T != o->shape.T || s.K != o->shape.K ||
+	    s.seed != (uint64_t)o->seed || s.has_pos == f->synthetic) {
+		ng_fail(NG_ERR_INPUT, "--resume: %s was written by another run (L=%d H=%d C=%d T=%d "
+			"V=%d batch %dx%dx%d seed %llu, %s data)", path, s.cfg.L, s.cfg.H, s.cfg.C,
+			s.cfg.T, s.cfg.V, s.K, s.B, s.T, (unsigned long long)s.seed,
+			s.has_pos ? "shard" : "synthetic");
+		ng_hint("resume with the same model, batch, --seed and data flags as that run");
+		ng_ckpt_state_free(&s);
+		return NG_ERR_INPUT;
+	}
+	if (s.step > o->steps) {
+		ng_ckpt_state_free(&s);
+		return ng_fail(NG_ERR_INPUT, "--resume: %s is at step %lld, past --steps %lld", path,
+			       s.step, o->steps);
+	}
+	st = be->load_state(be->ctx, &s);
+	if (!st && s.has_pos)
+		st = ng_loader_seek(&f->train, &s.pos);
+	if (!st)
+		fprintf(lg->out, "resume: step %lld from %s\n", s.step, path);
+	*start = s.step;
+	ng_ckpt_state_free(&s);
+	return st;
+}
+
 enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be)
 {
 	const struct ng_shape *s = &o->shape;
@@ -217,11 +307,22 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	lg.out = o->world > 1 && o->rank != 0 ? fopen("/dev/null", "w") : stderr;
 	if (!lg.out)
 		lg.out = stderr;
+	long long start = 0;
+	struct sigaction sa, old_int, old_term;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop_signal;
+	sigemptyset(&sa.sa_mask);
+	stop_requested = 0;
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
+	lg.first_loss = NAN;
 	enum ng_status st = feed_open(&f, o);
+	if (!st && o->resume)
+		st = resume(o, be, &f, &lg, &start);
 	if (st)
 		goto out;
 	if (o->metrics_path && f.rank == 0) {
-		lg.metrics = fopen(o->metrics_path, "w");
+		lg.metrics = fopen(o->metrics_path, o->resume ? "a" : "w");
 		if (!lg.metrics) {
 			st = ng_fail(NG_ERR_INPUT, "cannot write --metrics %s: %s", o->metrics_path,
 				     strerror(errno));
@@ -240,7 +341,8 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		fprintf(lg.out, " x %d ranks", f.world);
 	fprintf(lg.out, " = %.0f tokens per step\n", lg.tokens_per_step);
 	lg.t_start = lg.t_last = now_s();
-	for (long long step = 0; step < o->steps; step++) {
+	lg.last_step = start;
+	for (long long step = start; step < o->steps; step++) {
 		uint16_t *buf;
 		st = be->input_buffer(be->ctx, &buf);
 		if (!st)
@@ -251,6 +353,17 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 			st = drain(be, &lg, false, o->log_every);
 		if (st)
 			goto out;
+		bool stop = stop_requested || (o->stop_after > 0 && step + 1 == o->stop_after);
+		if (stop || (o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0)) {
+			st = checkpoint(o, be, &f, &lg, step + 1);
+			if (st)
+				goto out;
+		}
+		if (stop) {
+			fprintf(lg.out, "stopped after step %lld%s; continue with --resume\n",
+				step + 1, stop_requested ? " (signal)" : " (--stop-after)");
+			goto out;
+		}
 		if (o->val_every > 0 && (step + 1) % o->val_every == 0 && step + 1 < o->steps) {
 			st = drain(be, &lg, true, o->log_every);
 			if (!st)
@@ -260,6 +373,8 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		}
 	}
 	st = drain(be, &lg, true, o->log_every);
+	if (!st && o->ckpt_every > 0 && o->steps % o->ckpt_every != 0 && start < o->steps)
+		st = checkpoint(o, be, &f, &lg, o->steps); /* the final model, always */
 	if (!st)
 		st = validate(be, &f, &lg, o->steps);
 	if (st)
@@ -273,6 +388,8 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		fprintf(lg.out, " | %lld updates skipped", lg.skipped);
 	fprintf(lg.out, "\n");
 out:
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
 	if (lg.metrics)
 		fclose(lg.metrics);
 	if (lg.out != stderr)

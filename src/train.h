@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "src/checkpoint.h"
 #include "src/cli.h"
 
 struct ng_train_opts {
@@ -28,8 +29,9 @@ struct ng_train_opts {
 	long long val_every;       /* validate every N steps (and at the end); 0 = only at the end */
 	long long val_batches;     /* micro-batches per validation */
 	const char *out_dir;       /* checkpoints */
-	long long ckpt_every;
-	bool resume;
+	long long ckpt_every;      /* write a checkpoint every N steps (0: only on a signal) */
+	bool resume;               /* continue from the latest checkpoint in out_dir */
+	long long stop_after;      /* checkpoint and stop after this step (0: never), as a signal */
 	long long seed;
 	bool deterministic;
 	bool no_graph;
@@ -70,6 +72,12 @@ struct ng_backend {
 	enum ng_status (*collect)(void *ctx, struct ng_step_result *out, int max, bool wait, int *n);
 	/* Mean loss over n micro-batches of B*(T+1) tokens (synchronous). */
 	enum ng_status (*evaluate)(void *ctx, const uint16_t *tokens, int n, double *loss);
+	/* Copy the training state out, between steps with nothing in flight: fills s->step,
+	 * s->n_skipped and s->params/m/v (allocated here with ng_ckpt_state_alloc, in the master
+	 * copy's precision), and *params32 (malloc'ed fp32 model weights, lay.total). */
+	enum ng_status (*save_state)(void *ctx, struct ng_train_state *s, float **params32);
+	/* Restore s (F32 or F64 buffers, checked against the run's shape by the loop). */
+	enum ng_status (*load_state)(void *ctx, const struct ng_train_state *s);
 	void (*free)(void *ctx);
 };
 

@@ -68,6 +68,15 @@ static unsigned char *read_file(const char *path, size_t *n)
 	return b;
 }
 
+/* The safetensors header length: the first 8 bytes, little-endian. */
+static uint64_t header_len(const unsigned char *b)
+{
+	uint64_t hl = 0;
+	for (int i = 0; i < 8; i++)
+		hl |= (uint64_t)b[i] << (8 * i);
+	return hl;
+}
+
 static void write_file(const char *path, const void *b, size_t n)
 {
 	FILE *f = fopen(path, "wb");
@@ -103,9 +112,7 @@ Test(checkpoint, model_round_trip_bit_exact)
 	/* the HF layout: c_attn.weight of layer 1 is (C, 3C) and holds qkvw[1]^T */
 	size_t n;
 	unsigned char *b = read_file(path, &n);
-	uint64_t hl = 0;
-	for (int i = 0; i < 8; i++)
-		hl |= (uint64_t)b[i] << (8 * i);
+	uint64_t hl = header_len(b);
 	char *hdr = strndup((char *)b + 8, hl);
 	char key[64];
 	snprintf(key, sizeof(key), "\"transformer.h.1.attn.c_attn.weight\"");
@@ -208,9 +215,7 @@ Test(checkpoint, corrupt_truncated_wrong_shape_refused)
 	cr_assert_eq(ng_ckpt_write_model(path, &cfg, p), NG_OK);
 	size_t n;
 	unsigned char *b = read_file(path, &n);
-	uint64_t hl = 0;
-	for (int i = 0; i < 8; i++)
-		hl |= (uint64_t)b[i] << (8 * i);
+	uint64_t hl = header_len(b);
 	unsigned char *c = malloc(n);
 
 	/* one flipped bit anywhere in the data */

@@ -1,0 +1,207 @@
+/*
+ * graph/sampler.c — KV-cache generation (see sampler.h): one decode step as a list of
+ * kernels/decode.h launches, captured once and replayed per token.
+ */
+#include "graph/sampler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/check.h"
+#include "kernels/decode.h"
+#include "kernels/elementwise.h"
+
+/* bf16 pointer of parameter `id` of layer `layer`. */
+static const ng_bf16 *wp(const struct ng_sampler *s, int id, int layer)
+{
+	const struct ng_param_spec *p = &s->lay.p[id];
+	size_t per = p->per_layer ? p->numel / p->shape[0] : 0;
+	return s->w + p->offset + (size_t)(layer > 0 ? layer : 0) * per;
+}
+
+/* The launches of one decode step (the body of the captured graph). */
+static enum ng_status enqueue_step(struct ng_sampler *s)
+{
+	const struct ng_gpt_config *m = &s->cfg.model;
+	int C = m->C, T = m->T, D = C / m->H;
+	cudaStream_t st = s->stream;
+	enum ng_status r = ng_decode_embed(s->x, wp(s, NG_P_WTE, 0), wp(s, NG_P_WPE, 0), s->tokens,
+					   s->pos, C, st);
+	for (int l = 0; l < m->L && !r; l++) {
+		float *kc = s->kcache + (size_t)l * T * C, *vc = s->vcache + (size_t)l * T * C;
+		r = ng_decode_layernorm(s->ln, s->x, wp(s, NG_P_LN1W, l), wp(s, NG_P_LN1B, l), C, st);
+		if (!r)
+			r = ng_decode_gemv(s->qkv, wp(s, NG_P_QKVW, l), wp(s, NG_P_QKVB, l), s->ln, C,
+					   3 * C, 0, 0, st);
+		if (!r)
+			r = ng_decode_attention(s->att, kc, vc, s->qkv, s->pos, m->H, D, T, st);
+		if (!r)
+			r = ng_decode_gemv(s->x, wp(s, NG_P_ATTPROJW, l), wp(s, NG_P_ATTPROJB, l),
+					   s->att, C, C, 0, 1, st);
+		if (!r)
+			r = ng_decode_layernorm(s->ln, s->x, wp(s, NG_P_LN2W, l), wp(s, NG_P_LN2B, l),
+						C, st);
+		if (!r)
+			r = ng_decode_gemv(s->fc, wp(s, NG_P_FCW, l), wp(s, NG_P_FCB, l), s->ln, C,
+					   4 * C, 1, 0, st);
+		if (!r)
+			r = ng_decode_gemv(s->x, wp(s, NG_P_FCPROJW, l), wp(s, NG_P_FCPROJB, l), s->fc,
+					   4 * C, C, 0, 1, st);
+	}
+	if (!r)
+		r = ng_decode_layernorm(s->ln, s->x, wp(s, NG_P_LNFW, 0), wp(s, NG_P_LNFB, 0), C, st);
+	if (!r)
+		r = ng_decode_gemv(s->logits, wp(s, NG_P_WTE, 0), NULL, s->ln, C, m->Vp, 0, 0, st);
+	if (!r)
+		r = ng_decode_sample(s->tokens, s->pos, s->n_prompt, s->logits, m->V, s->cfg.top_k,
+				     s->cfg.temperature, s->cfg.seed, st);
+	return r;
+}
+
+/* One device allocation carved into the buffers, each 256-byte aligned. */
+static enum ng_status alloc_all(struct ng_sampler *s)
+{
+	const struct ng_gpt_config *m = &s->cfg.model;
+	size_t C = (size_t)m->C, cache = (size_t)m->L * m->T * C;
+	size_t sizes[] = { s->lay.total * sizeof(ng_bf16), C * 4, C * 4, 3 * C * 4, C * 4,
+			   4 * C * 4, (size_t)m->Vp * 4, cache * 4, cache * 4,
+			   ((size_t)m->T + 1) * 4, 4, 4 };
+	void **dst[] = { (void **)&s->w, (void **)&s->x, (void **)&s->ln, (void **)&s->qkv,
+			 (void **)&s->att, (void **)&s->fc, (void **)&s->logits,
+			 (void **)&s->kcache, (void **)&s->vcache, (void **)&s->tokens,
+			 (void **)&s->pos, (void **)&s->n_prompt };
+	int n = (int)(sizeof(sizes) / sizeof(sizes[0]));
+	size_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += (sizes[i] + 255) / 256 * 256;
+	char *base;
+	if (NG_CUDA_CHECK(cudaMalloc((void **)&base, total)))
+		return NG_ERR_RUNTIME;
+	for (int i = 0; i < n; i++) {
+		*dst[i] = base;
+		base += (sizes[i] + 255) / 256 * 256;
+	}
+	return NG_CUDA_CHECK(cudaMemset(s->w, 0, total));
+}
+
+enum ng_status ng_sampler_init(struct ng_sampler *s, const struct ng_sampler_config *cfg,
+			       const float *params)
+{
+	memset(s, 0, sizeof(*s));
+	s->cfg = *cfg;
+	s->inited = true;
+	enum ng_status st = ng_gpt_check(&s->cfg.model);
+	if (st)
+		return st;
+	if (cfg->top_k < 0 || cfg->top_k > NG_DECODE_MAX_TOP_K)
+		return ng_fail(NG_ERR_INPUT, "sample --top-k %d: must be 0 (all) .. %d", cfg->top_k,
+			       NG_DECODE_MAX_TOP_K);
+	ng_gpt_layout(&s->cfg.model, &s->lay);
+	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)))
+		return NG_ERR_RUNTIME;
+	st = alloc_all(s);
+	if (st)
+		return st;
+	float *tmp;
+	size_t bytes = s->lay.total * sizeof(float);
+	if (NG_CUDA_CHECK(cudaMalloc((void **)&tmp, bytes)))
+		return NG_ERR_RUNTIME;
+	st = NG_CUDA_CHECK(cudaMemcpy(tmp, params, bytes, cudaMemcpyHostToDevice));
+	if (!st)
+		st = ng_cast_f32_to_bf16(s->w, tmp, s->lay.total, s->stream);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(s->stream));
+	cudaFree(tmp);
+	if (st || cfg->no_graph)
+		return st;
+	/* capture with the global mode: a forbidden call (sync, malloc) inside fails loudly */
+	if (NG_CUDA_CHECK(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeGlobal)))
+		return NG_ERR_RUNTIME;
+	st = enqueue_step(s);
+	cudaGraph_t g = NULL;
+	cudaError_t ce = cudaStreamEndCapture(s->stream, &g);
+	if (st) {
+		if (g)
+			cudaGraphDestroy(g);
+		return st;
+	}
+	if (NG_CUDA_CHECK(ce))
+		return NG_ERR_RUNTIME;
+	s->graph = g;
+	return NG_CUDA_CHECK(cudaGraphInstantiate(&s->exec, g, 0));
+}
+
+void ng_sampler_free(struct ng_sampler *s)
+{
+	if (!s->inited)
+		return;
+	if (s->stream)
+		cudaStreamSynchronize(s->stream);
+	if (s->exec)
+		cudaGraphExecDestroy(s->exec);
+	if (s->graph)
+		cudaGraphDestroy(s->graph);
+	cudaFree(s->w); /* the base of the one allocation */
+	if (s->stream)
+		cudaStreamDestroy(s->stream);
+	s->inited = false;
+}
+
+enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, int n_prompt,
+				   int n_new, int32_t *out, double *seconds)
+{
+	const struct ng_gpt_config *m = &s->cfg.model;
+	if (n_prompt < 1 || n_new < 0 || n_prompt + n_new > m->T) {
+		ng_fail(NG_ERR_INPUT, "sample: %d prompt tokens + %d new tokens exceed the context "
+			"of %d positions (or the prompt is empty)", n_prompt, n_new, m->T);
+		ng_hint("use fewer --tokens or a shorter --prompt");
+		return NG_ERR_INPUT;
+	}
+	for (int i = 0; i < n_prompt; i++)
+		if (prompt[i] < 0 || prompt[i] >= m->V)
+			return ng_fail(NG_ERR_INPUT, "sample: prompt token %d = %d is outside the "
+				       "vocabulary of %d", i, prompt[i], m->V);
+	int zero = 0;
+	int steps = n_prompt + (n_new > 0 ? n_new : 1) - 1;
+	cudaEvent_t e0, e1;
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpy(s->tokens, prompt, n_prompt * sizeof(int32_t),
+						     cudaMemcpyHostToDevice));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpy(s->pos, &zero, sizeof(int), cudaMemcpyHostToDevice));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpy(s->n_prompt, &n_prompt, sizeof(int),
+					      cudaMemcpyHostToDevice));
+	if (st || NG_CUDA_CHECK(cudaEventCreate(&e0)))
+		return NG_ERR_RUNTIME;
+	if (NG_CUDA_CHECK(cudaEventCreate(&e1))) {
+		cudaEventDestroy(e0);
+		return NG_ERR_RUNTIME;
+	}
+	st = NG_CUDA_CHECK(cudaEventRecord(e0, s->stream));
+	for (int i = 0; i < steps && !st; i++)
+		st = s->cfg.no_graph ? enqueue_step(s)
+				     : NG_CUDA_CHECK(cudaGraphLaunch(s->exec, s->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaEventRecord(e1, s->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(s->stream));
+	float ms = 0;
+	if (!st)
+		st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	if (seconds)
+		*seconds = ms * 1e-3;
+	if (!st && n_new > 0)
+		st = NG_CUDA_CHECK(cudaMemcpy(out, s->tokens + n_prompt, n_new * sizeof(int32_t),
+					      cudaMemcpyDeviceToHost));
+	return st;
+}
+
+enum ng_status ng_sampler_logits(struct ng_sampler *s, float *host)
+{
+	if (NG_CUDA_CHECK(cudaStreamSynchronize(s->stream)))
+		return NG_ERR_RUNTIME;
+	return NG_CUDA_CHECK(cudaMemcpy(host, s->logits, (size_t)s->cfg.model.Vp * sizeof(float),
+					cudaMemcpyDeviceToHost));
+}

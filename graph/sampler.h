@@ -1,0 +1,66 @@
+/*
+ * graph/sampler.h — text generation on the GPU with a KV cache: the launches of one decode
+ * step (embedding, L x [LN, QKV, attention over the cache, projection + residual, LN, FC+GELU,
+ * projection + residual], LN, head, sampling) are captured ONCE as a CUDA Graph and replayed
+ * per token. The position, the tokens and the RNG counter live in device memory
+ * (kernels/decode.h), so nothing of a replay is frozen at capture. The prompt runs through the
+ * same graph: the sampling kernel leaves prompt positions as they are.
+ *
+ * Numerics: weights bf16 (the copy training reads), activations, KV cache and logits fp32.
+ * Memory: weights (lay.total bf16) + 2 L T C floats of cache + a few rows.
+ */
+#ifndef NG_GRAPH_SAMPLER_H
+#define NG_GRAPH_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#include "graph/gpt.h"
+#include "kernels/types.h"
+
+struct ng_sampler_config {
+	struct ng_gpt_config model;  /* checked configuration (Vp filled) */
+	int top_k;                   /* 0: the whole vocabulary */
+	float temperature;           /* <= 0: greedy */
+	uint64_t seed;               /* the RNG counter's key */
+	bool no_graph;               /* launch the step's kernels eagerly (tests: replay == eager) */
+};
+
+struct ng_sampler {
+	struct ng_sampler_config cfg;
+	struct ng_gpt_layout lay;
+	ng_bf16 *w;                  /* (lay.total) bf16 parameters, flat layout */
+	float *x;                    /* (C) residual stream */
+	float *ln;                   /* (C) LayerNorm output */
+	float *qkv;                  /* (3C) */
+	float *att;                  /* (C) attention output */
+	float *fc;                   /* (4C) GELU(fc) */
+	float *logits;               /* (Vp) logits of the last processed position */
+	float *kcache, *vcache;      /* (L, T, C) each */
+	int32_t *tokens;             /* (T) the sequence: prompt, then samples */
+	int *pos;                    /* device scalar: the position processed next */
+	int *n_prompt;               /* device scalar */
+	cudaStream_t stream;
+	cudaGraph_t graph;           /* the captured decode step */
+	cudaGraphExec_t exec;
+	bool inited;
+};
+
+/* Upload params (lay.total floats, graph/gpt.h layout) as bf16, allocate the cache, capture the
+ * step (unless no_graph). NG_ERR_INPUT for a bad config, NG_ERR_RUNTIME for CUDA failures. */
+enum ng_status ng_sampler_init(struct ng_sampler *s, const struct ng_sampler_config *cfg,
+			       const float *params);
+void ng_sampler_free(struct ng_sampler *s);
+
+/* Run the prompt (n_prompt >= 1 tokens) and then n_new sampled tokens: n_prompt - 1 + n_new
+ * decode steps (n_new may be 0: the prompt only, logits predict position n_prompt). out gets
+ * the n_new sampled tokens (may be NULL when n_new == 0); *seconds the device time of the
+ * steps. n_prompt + n_new <= T, or NG_ERR_INPUT. */
+enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, int n_prompt,
+				   int n_new, int32_t *out, double *seconds);
+/* The logits of the last step (Vp floats) to the host. */
+enum ng_status ng_sampler_logits(struct ng_sampler *s, float *host);
+
+#endif

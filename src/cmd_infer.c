@@ -1,0 +1,265 @@
+/*
+ * src/cmd_infer.c — `nanograph sample` (KV-cache generation on the GPU, graph/sampler.h; the
+ * prompt encoded and the output decoded with the GPT-2 tokenizer) and `nanograph eval`
+ * (validation loss and perplexity of a checkpoint through the training backends' evaluation
+ * step: the GPU's captured eval graph, or the CPU reference with --device cpu).
+ * --ckpt takes a model file (model_*.safetensors, or any HF GPT-2 safetensors) or a checkpoint
+ * directory (its latest model).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "graph/sampler.h"
+#include "kernels/check.h"
+#include "kernels/decode.h"
+#include "src/checkpoint.h"
+#include "src/commands.h"
+#include "src/train.h"
+
+/* The model of --ckpt (a file, or a directory's latest checkpoint). */
+static enum ng_status load_ckpt(const char *ckpt, struct ng_gpt_config *cfg, float **params)
+{
+	if (!ckpt)
+		return ng_fail(NG_ERR_INPUT, "--ckpt PATH is required (a model_*.safetensors file "
+			       "or a checkpoint directory)");
+	struct stat sb;
+	char path[4096];
+	snprintf(path, sizeof(path), "%s", ckpt);
+	if (stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		long long step;
+		enum ng_status st = ng_ckpt_latest(ckpt, &step);
+		if (st)
+			return st;
+		ng_ckpt_path(path, sizeof(path), ckpt, "model", step);
+	}
+	enum ng_status st = ng_ckpt_read_model(path, cfg, params);
+	if (!st)
+		fprintf(stderr, "model: %s | L=%d H=%d C=%d T=%d V=%d\n", path, cfg->L, cfg->H,
+			cfg->C, cfg->T, cfg->V);
+	return st;
+}
+
+static const char *vocab_dir(const char *flag)
+{
+	if (flag)
+		return flag;
+	const char *env = getenv("NG_GPT2_DIR");
+	return env && *env ? env : "../shared/data/gpt2";
+}
+
+enum ng_status ng_cmd_sample(int argc, char **argv)
+{
+	const char *ckpt = NULL, *prompt = NULL, *vocab = NULL;
+	long long tokens = 64, top_k = 40, seed = 1337;
+	double temperature = 1.0;
+	bool no_graph = false;
+	struct ng_flag flags[] = {
+		{ "--ckpt", NG_FLAG_STRING, &ckpt, 0, 0, "PATH",
+		  "model_*.safetensors (or HF GPT-2 safetensors), or a checkpoint directory", false },
+		{ "--prompt", NG_FLAG_STRING, &prompt, 0, 0, "TEXT",
+		  "text to continue (default: <|endoftext|>)", false },
+		{ "--tokens", NG_FLAG_INT, &tokens, 1, 1e6, "N", "tokens to generate (64)", false },
+		{ "--temperature", NG_FLAG_DOUBLE, &temperature, 0, 100, "X",
+		  "softmax temperature, 0 = greedy (1.0)", false },
+		{ "--top-k", NG_FLAG_INT, &top_k, 0, NG_DECODE_MAX_TOP_K, "K",
+		  "sample among the K most likely tokens, 0 = all (40)", false },
+		{ "--seed", NG_FLAG_INT, &seed, 0, 9e18, "N", "sampling RNG (1337)", false },
+		{ "--vocab", NG_FLAG_STRING, &vocab, 0, 0, "DIR",
+		  "GPT-2 encoder.json + vocab.bpe (default $NG_GPT2_DIR or ../shared/data/gpt2)",
+		  false },
+		{ "--no-graph", NG_FLAG_BOOL, &no_graph, 0, 0, NULL,
+		  "launch each decode step's kernels eagerly instead of replaying the CUDA Graph",
+		  false },
+	};
+	struct ng_command_spec spec = {
+		.name = "sample",
+		.summary = "Generate text on the GPU with a KV cache; each token is one replay of a "
+			   "captured decode graph.",
+		.usage = "--ckpt PATH [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] "
+			 "[--seed N]",
+		.flags = flags,
+		.nflags = (int)(sizeof(flags) / sizeof(flags[0])),
+	};
+	char *pos[1];
+	int npos;
+	bool help;
+	enum ng_status st = ng_cli_parse(&spec, argc, argv, pos, &npos, &help);
+	if (st || help)
+		return st;
+	if (ng_cuda_device_count() == 0) {
+		ng_fail(NG_ERR_RUNTIME, "sample: no CUDA device found");
+		ng_hint("sample runs on the GPU; `nanograph eval --device cpu` works without one");
+		return NG_ERR_RUNTIME;
+	}
+	struct ng_tokenizer tok;
+	st = ng_tokenizer_load(&tok, vocab_dir(vocab));
+	if (st) {
+		ng_hint("point --vocab (or NG_GPT2_DIR) at a directory with encoder.json and "
+			"vocab.bpe");
+		return st;
+	}
+	struct ng_gpt_config cfg;
+	float *params = NULL;
+	struct ng_token_buf buf = { 0 };
+	struct ng_sampler smp = { 0 };
+	int32_t *ids = NULL, *out = NULL;
+	uint16_t *out16 = NULL;
+	char *text = NULL;
+	st = load_ckpt(ckpt, &cfg, &params);
+	if (st)
+		goto done;
+	if (prompt && *prompt)
+		st = ng_tokenizer_encode(&tok, NULL, prompt, strlen(prompt), &buf);
+	else
+		st = ng_token_buf_push(&buf, cfg.V > NG_TOKENIZER_EOT ? NG_TOKENIZER_EOT : 0);
+	if (st)
+		goto done;
+	int n_prompt = (int)buf.len, n_new = (int)tokens;
+	if (n_prompt + n_new > cfg.T) {
+		fprintf(stderr, "sample: %d prompt + %d new tokens exceed the context of %d; "
+			"generating %d\n", n_prompt, n_new, cfg.T, cfg.T - n_prompt);
+		n_new = cfg.T - n_prompt;
+	}
+	ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
+	out = malloc(sizeof(int32_t) * (size_t)(n_new > 0 ? n_new : 1));
+	out16 = malloc(sizeof(uint16_t) * (size_t)(n_new > 0 ? n_new : 1));
+	if (!ids || !out || !out16) {
+		st = ng_fail(NG_ERR_RUNTIME, "out of host memory");
+		goto done;
+	}
+	for (int i = 0; i < n_prompt; i++)
+		ids[i] = buf.data[i];
+	struct ng_sampler_config sc = { cfg, (int)top_k, (float)temperature, (uint64_t)seed,
+					no_graph };
+	st = ng_sampler_init(&smp, &sc, params);
+	double secs = 0;
+	if (!st)
+		st = ng_sampler_generate(&smp, ids, n_prompt, n_new, out, &secs);
+	if (st)
+		goto done;
+	for (int i = 0; i < n_new; i++)
+		out16[i] = (uint16_t)out[i];
+	size_t len;
+	st = ng_tokenizer_decode(&tok, out16, (size_t)n_new, &text, &len);
+	if (st)
+		goto done;
+	printf("%s%s\n", prompt ? prompt : "", text);
+	fflush(stdout);
+	fprintf(stderr, "sample: %d prompt + %d new tokens in %.3f s of device time | %.0f tok/s | "
+		"%s\n", n_prompt, n_new, secs, secs > 0 ? (n_prompt + n_new - 1) / secs : 0.0,
+		no_graph ? "eager launches" : "one CUDA Graph replay per token");
+done:
+	free(text);
+	free(ids);
+	free(out);
+	free(out16);
+	free(buf.data);
+	free(params);
+	ng_sampler_free(&smp);
+	ng_tokenizer_free(&tok);
+	return st;
+}
+
+enum ng_status ng_cmd_eval(int argc, char **argv)
+{
+	const char *ckpt = NULL, *val = NULL, *device = "cuda";
+	long long batch = 8, batches = 0;
+	struct ng_flag flags[] = {
+		{ "--ckpt", NG_FLAG_STRING, &ckpt, 0, 0, "PATH",
+		  "model_*.safetensors (or HF GPT-2 safetensors), or a checkpoint directory", false },
+		{ "--val", NG_FLAG_STRING, &val, 0, 0, "GLOB", "validation shards", false },
+		{ "--batch", NG_FLAG_INT, &batch, 1, 1e6, "B", "sequences per batch (8)", false },
+		{ "--batches", NG_FLAG_INT, &batches, 0, 1e9, "N",
+		  "batches to evaluate, 0 = one pass over the shards, at most 100 (0)", false },
+		{ "--device", NG_FLAG_STRING, &device, 0, 0, "cuda|cpu",
+		  "cuda (default) or cpu (the double-precision reference)", false },
+	};
+	struct ng_command_spec spec = {
+		.name = "eval",
+		.summary = "Validation loss and perplexity of a checkpoint.",
+		.usage = "--ckpt PATH --val GLOB [--batch B] [--batches N] [--device cuda|cpu]",
+		.flags = flags,
+		.nflags = (int)(sizeof(flags) / sizeof(flags[0])),
+	};
+	char *pos[1];
+	int npos;
+	bool help;
+	enum ng_status st = ng_cli_parse(&spec, argc, argv, pos, &npos, &help);
+	if (st || help)
+		return st;
+	if (!val)
+		return ng_fail(NG_ERR_INPUT, "eval: --val GLOB is required");
+	if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0)
+		return ng_fail(NG_ERR_INPUT, "eval --device: '%s' is not cuda or cpu", device);
+	struct ng_gpt_config cfg;
+	float *params = NULL;
+	st = load_ckpt(ckpt, &cfg, &params);
+	if (st)
+		return st;
+	struct ng_loader ld;
+	struct ng_loader_config lc = { .pattern = val, .B = (int)batch, .T = cfg.T,
+				       .vocab = cfg.V, .rank = 0, .world = 1, .seed = 0,
+				       .shuffle = false, .prefetch = 2 };
+	uint16_t *tokens = NULL;
+	struct ng_backend be = { 0 };
+	struct ng_train_state s = { 0 };
+	st = ng_loader_open(&ld, &lc);
+	if (st) {
+		free(params);
+		return st;
+	}
+	struct ng_loader_pos lp;
+	ng_loader_tell(&ld, &lp);
+	long long per_epoch = (long long)(lp.windows / (uint64_t)batch);
+	int n = (int)(batches > 0 ? batches : per_epoch < 100 ? per_epoch : 100);
+	size_t window = (size_t)batch * (cfg.T + 1);
+	tokens = malloc(window * n * sizeof(uint16_t));
+	if (!tokens) {
+		st = ng_fail(NG_ERR_RUNTIME, "out of host memory for %d batches", n);
+		goto done;
+	}
+	for (int i = 0; i < n && !st; i++) {
+		const uint16_t *b;
+		st = ng_loader_next(&ld, &b);
+		if (!st)
+			memcpy(tokens + i * window, b, window * sizeof(uint16_t));
+	}
+	if (st)
+		goto done;
+	struct ng_train_opts o = { .shape = { cfg, (int)batch, cfg.T, 1 }, .steps = 1, .lr = 0,
+				   .schedule = "cosine", .val_glob = val, .val_batches = n,
+				   .device = device };
+	st = strcmp(device, "cpu") == 0 ? ng_backend_cpu_init(&be, &o)
+					 : ng_backend_cuda_init(&be, &o);
+	if (st)
+		goto done;
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(&cfg, &lay);
+	st = ng_ckpt_state_alloc(&s, 4, lay.total);
+	if (!st) {
+		memcpy(s.params, params, lay.total * sizeof(float));
+		st = be.load_state(be.ctx, &s);
+	}
+	double loss = 0;
+	if (!st)
+		st = be.evaluate(be.ctx, tokens, n, &loss);
+	if (!st) {
+		printf("{\"val_loss\":%.6f,\"perplexity\":%.4f,\"tokens\":%lld}\n", loss, exp(loss),
+		       (long long)n * batch * cfg.T);
+		fprintf(stderr, "eval: %d batches x %lld x %d tokens | val loss %.4f | perplexity "
+			"%.2f\n", n, batch, cfg.T, loss, exp(loss));
+	}
+done:
+	if (be.free)
+		be.free(be.ctx);
+	ng_ckpt_state_free(&s);
+	ng_loader_close(&ld);
+	free(tokens);
+	free(params);
+	return st;
+}
