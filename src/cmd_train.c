@@ -20,7 +20,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	};
 	struct ng_model_args ma;
 	struct ng_dist_args da = { .world = 0, .rank = -1, .file = NULL };
-	struct ng_flag flags[NG_MODEL_NFLAGS + 32];
+	struct ng_flag flags[NG_MODEL_NFLAGS + 48];
 	ng_cli_model_flags(&ma, flags, "d12", 64); /* --model tiny: --batch 8 */
 	struct ng_flag more[] = {
 		{ "--steps", NG_FLAG_INT, &o.steps, 1, 1e12, "N", "optimizer steps (200)", false },
@@ -52,6 +52,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "continue from the latest checkpoint in --out", false },
 		{ "--stop-after", NG_FLAG_INT, &o.stop_after, 0, 1e12, "N",
 		  "checkpoint and stop after step N, as SIGINT/SIGTERM do (0 = never)", false },
+		{ "--init", NG_FLAG_STRING, &o.init_path, 0, 0, "FILE",
+		  "start from a model safetensors file (ours or HF GPT-2) instead of the seeded "
+		  "init", false },
 		{ "--seed", NG_FLAG_INT, &o.seed, 0, 9e18, "N", "init and data order (1337)",
 		  false },
 		{ "--deterministic", NG_FLAG_BOOL, &o.deterministic, 0, 0, NULL,

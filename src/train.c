@@ -263,6 +263,9 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 {
 	long long step;
 	char path[4096];
+	if (f->world > 1 && o->zero1)
+		return ng_fail(NG_ERR_INPUT, "--resume of a ZeRO-1 run (sharded AdamW moments) is "
+			       "not supported in this version");
 	enum ng_status st = ng_ckpt_latest(o->out_dir, &step);
 	if (st)
 		return st;
@@ -298,6 +301,40 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 	return st;
 }
 
+/* --init FILE: start from a model file's weights (ours or Hugging Face GPT-2's), fresh AdamW
+ * moments, step 0. The file's shape must be the run's. */
+static enum ng_status init_from(const struct ng_train_opts *o, struct ng_backend *be,
+				struct logger *lg)
+{
+	struct ng_gpt_config c;
+	float *p;
+	enum ng_status st = ng_ckpt_read_model(o->init_path, &c, &p);
+	if (st)
+		return st;
+	const struct ng_gpt_config *m = &o->shape.model;
+	if (c.L != m->L || c.H != m->H || c.C != m->C || c.T != m->T || c.V != m->V) {
+		free(p);
+		ng_fail(NG_ERR_INPUT, "--init %s is L=%d H=%d C=%d T=%d V=%d, the run L=%d H=%d C=%d "
+			"T=%d V=%d", o->init_path, c.L, c.H, c.C, c.T, c.V, m->L, m->H, m->C, m->T,
+			m->V);
+		ng_hint("give the model flags of the file (GPT-2 124M: --model d12)");
+		return NG_ERR_INPUT;
+	}
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(&c, &lay);
+	struct ng_train_state s = { 0 };
+	st = ng_ckpt_state_alloc(&s, 4, lay.total);
+	if (!st) {
+		memcpy(s.params, p, lay.total * sizeof(float));
+		st = be->load_state(be->ctx, &s);
+	}
+	if (!st)
+		fprintf(lg->out, "init: weights from %s\n", o->init_path);
+	ng_ckpt_state_free(&s);
+	free(p);
+	return st;
+}
+
 enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be)
 {
 	const struct ng_shape *s = &o->shape;
@@ -317,6 +354,8 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	sigaction(SIGTERM, &sa, &old_term);
 	lg.first_loss = NAN;
 	enum ng_status st = feed_open(&f, o);
+	if (!st && o->init_path && !o->resume)
+		st = init_from(o, be, &lg);
 	if (!st && o->resume)
 		st = resume(o, be, &f, &lg, &start);
 	if (st)

@@ -32,6 +32,7 @@ struct ng_train_opts {
 	long long ckpt_every;      /* write a checkpoint every N steps (0: only on a signal) */
 	bool resume;               /* continue from the latest checkpoint in out_dir */
 	long long stop_after;      /* checkpoint and stop after this step (0: never), as a signal */
+	const char *init_path;     /* start from this model file's weights (NULL: seeded init) */
 	long long seed;
 	bool deterministic;
 	bool no_graph;

@@ -5,12 +5,14 @@
  * at N/2 and resumed ends in the same bytes (params, moments, step, loader position) and the
  * same losses as the run uninterrupted. Fresh random values every run (seed printed).
  */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -326,4 +328,67 @@ Test(checkpoint, cpu_resume_is_bit_identical)
 	ng_clear_error();
 	cr_assert_eq(ng_cmd_train(14, argv), NG_ERR_INPUT);
 	cr_assert(strstr(ng_error_message(), "written by another run"), "%s", ng_error_message());
+}
+
+/* A writer killed with SIGKILL at a random moment leaves `latest` naming a checkpoint that loads
+ * (the temporary-fsync-rename order: model, state, then latest). */
+Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
+{
+	uint64_t seed = seed_now();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	make_tmpdir();
+	struct ng_gpt_config cfg = small_cfg(&r);
+	struct ng_gpt_layout lay;
+	float *p = random_params(&cfg, &lay, &r);
+	struct ng_train_state s = { 0 };
+	cr_assert_eq(ng_ckpt_state_alloc(&s, 4, lay.total), NG_OK);
+	s.cfg = cfg;
+	s.B = 1;
+	s.T = 8;
+	s.K = 1;
+	memcpy(s.params, p, lay.total * sizeof(float));
+	cr_assert_eq(ng_ckpt_save(tmpdir, &s, p), NG_OK, "%s", ng_error_message());
+	long long from = 0;
+	for (int round = 0; round < 3; round++) {
+		pid_t child = fork();
+		cr_assert(child >= 0);
+		if (child == 0) { /* write checkpoints 1, 2, ... until killed */
+			for (long long k = from + 1;; k++) {
+				s.step = k;
+				((float *)s.params)[0] = (float)k;
+				p[0] = (float)k;
+				if (ng_ckpt_save(tmpdir, &s, p))
+					_exit(3);
+			}
+		}
+		usleep((useconds_t)(1000 + ng_rng_below(&r, 30000)));
+		kill(child, SIGKILL);
+		int status;
+		waitpid(child, &status, 0);
+		cr_assert(WIFSIGNALED(status), "seed %llu: the writer exited (status %d) before the "
+			  "kill", (unsigned long long)seed, status);
+		long long step;
+		cr_assert_eq(ng_ckpt_latest(tmpdir, &step), NG_OK, "%s", ng_error_message());
+		char path[600];
+		struct ng_train_state t;
+		ng_ckpt_path(path, sizeof(path), tmpdir, "state", step);
+		cr_assert_eq(ng_ckpt_read_state(path, &t), NG_OK, "seed %llu round %d: latest = %lld "
+			     "does not load: %s", (unsigned long long)seed, round, step,
+			     ng_error_message());
+		cr_assert(t.step == step, "state %lld holds step %lld", step, t.step);
+		if (step > 0)
+			cr_assert(((float *)t.params)[0] == (float)step, "state %lld holds params "
+				  "of another step", step);
+		ng_ckpt_state_free(&t);
+		struct ng_gpt_config c;
+		float *q;
+		ng_ckpt_path(path, sizeof(path), tmpdir, "model", step);
+		cr_assert_eq(ng_ckpt_read_model(path, &c, &q), NG_OK, "%s", ng_error_message());
+		free(q);
+		cr_log_info("round %d: killed after checkpoint %lld", round, step);
+		from = step;
+	}
+	ng_ckpt_state_free(&s);
+	free(p);
 }
