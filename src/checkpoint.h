@@ -82,4 +82,14 @@ void ng_ckpt_path(char *out, size_t n, const char *dir, const char *kind, long l
 /* FNV-1a 64 of n bytes (the checksum of a file's data section). */
 uint64_t ng_ckpt_checksum(const void *data, size_t n);
 
+/* Internal (checkpoint.c and checkpoint_read.c). Model-file tensor k, 0 <= k < 4 + 12 L: its HF
+ * name, offset of our source in the flat layout, HF shape (ndim 1 or 2) and whether HF stores
+ * it transposed (Conv1D). */
+#define NG_CKPT_LAYER_TENSORS 12
+void ng_ckpt_model_tensor_(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *lay,
+			   int k, char *name, size_t nname, size_t *off, size_t shape[2], int *ndim,
+			   int *transpose);
+/* dst (cols, rows) = src (rows, cols)^T */
+void ng_ckpt_transpose_(float *dst, const float *src, size_t rows, size_t cols);
+
 #endif
