@@ -3,10 +3,12 @@
  * bit-exactly with the HF GPT-2 names and Conv1D transposes; corrupt, truncated and wrong-shape
  * files are refused with a clear error; and on the CPU reference, a --deterministic run stopped
  * at N/2 and resumed ends in the same bytes (params, moments, step, loader position) and the
- * same losses as the run uninterrupted. Fresh random values every run (seed printed).
+ * same losses as the run uninterrupted; a writer killed mid-write leaves a loadable checkpoint;
+ * `eval` equals the reference loss. Fresh random values every run (seed printed).
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "graph/cpu_ref.h"
 #include "src/checkpoint.h"
 #include "src/commands.h"
 #include "util/rng.h"
@@ -390,5 +393,75 @@ Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
 		from = step;
 	}
 	ng_ckpt_state_free(&s);
+	free(p);
+}
+
+/* `nanograph eval --device cpu` on a model file and a shard = the CPU reference's mean loss over
+ * the same windows (file order, B consecutive windows per batch). */
+Test(checkpoint, eval_matches_the_reference_loss)
+{
+	uint64_t seed = seed_now();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	make_tmpdir();
+	struct ng_gpt_config cfg = { 2, 2, 64, 16, 300 + (int)ng_rng_below(&r, 200), 0 };
+	cr_assert_eq(ng_gpt_check(&cfg), NG_OK);
+	struct ng_gpt_layout lay;
+	float *p = random_params(&cfg, &lay, &r);
+	for (size_t i = 0; i < lay.total; i++)
+		p[i] *= 0.1f;
+	char model[512], shard[512], out[512];
+	snprintf(model, sizeof(model), "%s/m.safetensors", tmpdir);
+	snprintf(shard, sizeof(shard), "%s/val_000000.bin", tmpdir);
+	snprintf(out, sizeof(out), "%s/eval.out", tmpdir);
+	cr_assert_eq(ng_ckpt_write_model(model, &cfg, p), NG_OK, "%s", ng_error_message());
+	int B = 2, nb = 3, T = cfg.T, ntok = nb * B * T + 1;
+	int32_t hdr[256] = { 20240520, 1, ntok };
+	uint16_t *tok = malloc(sizeof(uint16_t) * ntok);
+	for (int i = 0; i < ntok; i++)
+		tok[i] = (uint16_t)ng_rng_below(&r, (uint64_t)cfg.V);
+	FILE *f = fopen(shard, "wb");
+	cr_assert(f);
+	fwrite(hdr, sizeof(hdr), 1, f);
+	fwrite(tok, sizeof(uint16_t), ntok, f);
+	fclose(f);
+
+	struct ng_cpu_model m;
+	cr_assert_eq(ng_cpu_model_init(&m, &cfg, B, T, 0), NG_OK);
+	ng_cpu_model_load_params(&m, p);
+	int32_t in[64], tg[64];
+	double want = 0;
+	for (int k = 0; k < nb; k++) {
+		for (int b = 0; b < B; b++)
+			for (int t = 0; t < T; t++) { /* window w = tokens [w T, w T + T] */
+				in[b * T + t] = tok[(k * B + b) * T + t];
+				tg[b * T + t] = tok[(k * B + b) * T + t + 1];
+			}
+		double l;
+		cr_assert_eq(ng_cpu_forward(&m, in, tg, &l), NG_OK);
+		want += l / nb;
+	}
+	ng_cpu_model_free(&m);
+
+	fflush(stdout);
+	int saved = dup(1), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	dup2(fd, 1);
+	close(fd);
+	char *argv[] = { "eval", "--ckpt", model, "--val", shard, "--batch", "2", "--device", "cpu" };
+	enum ng_status st = ng_cmd_eval(9, argv);
+	fflush(stdout);
+	dup2(saved, 1);
+	close(saved);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	size_t n;
+	char *text = (char *)read_file(out, &n);
+	text[n] = '\0';
+	char *v = strstr(text, "\"val_loss\":");
+	cr_assert(v, "no val_loss in '%s'", text);
+	double got = strtod(v + 11, NULL);
+	cr_assert(fabs(got - want) <= 2e-6, "seed %llu: eval %.6f, reference %.8f (abs err %.3g)",
+		  (unsigned long long)seed, got, want, fabs(got - want));
+	free(text);
+	free(tok);
 	free(p);
 }
