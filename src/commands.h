@@ -13,7 +13,6 @@ enum ng_status ng_cmd_dump(int argc, char **argv);    /* src/cmd_plan.c */
 enum ng_status ng_cmd_prepare(int argc, char **argv); /* src/cmd_prepare.c */
 enum ng_status ng_cmd_sample(int argc, char **argv);  /* src/cmd_infer.c */
 enum ng_status ng_cmd_eval(int argc, char **argv);    /* src/cmd_infer.c */
-enum ng_status ng_cmd_bench_kernels(int argc, char **argv); /* src/cmd_bench.c */
 
 /* main()'s dispatcher, callable from tests: runs `nanograph argv[1] ...`. */
 enum ng_status ng_main(int argc, char **argv);

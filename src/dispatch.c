@@ -18,7 +18,6 @@ static const struct {
 	{ "prepare", ng_cmd_prepare, "turn text files into GPT-2 token shards" },
 	{ "sample", ng_cmd_sample, "generate text from a checkpoint" },
 	{ "eval", ng_cmd_eval, "validation loss and perplexity of a checkpoint" },
-	{ "bench-kernels", ng_cmd_bench_kernels, "time every kernel at the d12 and d48 shapes" },
 };
 
 static void usage(FILE *f)

@@ -132,6 +132,7 @@ static enum ng_status feed_step(struct feed *f, const struct ng_shape *s, long l
 
 struct logger {
 	FILE *out;                 /* step lines: stderr on rank 0, /dev/null elsewhere */
+	bool tty;                  /* out is a terminal: draw the progress bar */
 	FILE *metrics;
 	double t_start, t_last;    /* wall clock of the start and the last printed result */
 	long long last_step;       /* step of the last result */
@@ -142,6 +143,27 @@ struct logger {
 	int n_tok_s;
 	long long skipped;
 };
+
+/* "[########............] 40% 80/200 | loss 3.1234 | ETA 1m12s" on one line, redrawn in place. */
+static void progress_bar(FILE *f, long long step, long long steps, double loss, double eta)
+{
+	enum { WIDTH = 30 };
+	char bar[WIDTH + 1];
+	int fill = (int)(WIDTH * step / steps);
+	memset(bar, '#', (size_t)fill);
+	memset(bar + fill, '.', (size_t)(WIDTH - fill));
+	bar[WIDTH] = '\0';
+	long long e = (long long)(eta + 0.5);
+	fprintf(f, "[%s] %3.0f%% %lld/%lld | loss %.4f | ETA ", bar, 100.0 * step / steps, step,
+		steps, loss);
+	if (e >= 3600)
+		fprintf(f, "%lldh%02lldm", e / 3600, e / 60 % 60);
+	else if (e >= 60)
+		fprintf(f, "%lldm%02llds", e / 60, e % 60);
+	else
+		fprintf(f, "%llds", e);
+	fflush(f);
+}
 
 static void log_result(struct logger *lg, const struct ng_step_result *r, bool print)
 {
@@ -159,8 +181,10 @@ static void log_result(struct logger *lg, const struct ng_step_result *r, bool p
 	}
 	lg->last_loss = r->loss;
 	lg->skipped += r->skipped;
+	double eta = (lg->steps - r->step) * ms * 1e-3;
+	if (lg->tty)
+		fputs("\r\033[K", lg->out); /* the progress bar gives way to a step line */
 	if (print || r->skipped || r->step == lg->steps) {
-		double eta = (lg->steps - r->step) * ms * 1e-3;
 		char mfu_s[16] = "-";
 		if (lg->peak > 0)
 			snprintf(mfu_s, sizeof(mfu_s), "%.1f%%", mfu * 100);
@@ -169,6 +193,8 @@ static void log_result(struct logger *lg, const struct ng_step_result *r, bool p
 			r->step, lg->steps, r->loss, r->lr, r->grad_norm, ms, tok_s, mfu_s, eta,
 			r->skipped ? " | SKIPPED: non-finite loss or gradient" : "");
 	}
+	if (lg->tty && r->step < lg->steps)
+		progress_bar(lg->out, r->step, lg->steps, r->loss, eta);
 	if (lg->metrics) {
 		fprintf(lg->metrics, "{\"step\":%lld,\"loss\":%.6g,\"lr\":%.6g,\"grad_norm\":%.6g,"
 			"\"ms\":%.4g,\"tok_per_s\":%.6g,\"mfu\":%.4g%s}\n", r->step,
@@ -202,6 +228,8 @@ static enum ng_status validate(struct ng_backend *be, struct feed *f, struct log
 	enum ng_status st = be->evaluate(be->ctx, f->val, f->n_val, &loss);
 	if (st)
 		return st;
+	if (lg->tty)
+		fputs("\r\033[K", lg->out);
 	if (isfinite(f->floor))
 		fprintf(lg->out, "step %lld | val loss %.4f | floor %.4f (entropy of the synthetic "
 			"corpus) | gap %.4f\n", step, loss, f->floor, loss - f->floor);
@@ -344,6 +372,7 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	lg.out = o->world > 1 && o->rank != 0 ? fopen("/dev/null", "w") : stderr;
 	if (!lg.out)
 		lg.out = stderr;
+	lg.tty = isatty(fileno(lg.out));
 	long long start = 0;
 	struct sigaction sa, old_int, old_term;
 	memset(&sa, 0, sizeof(sa));
