@@ -1,0 +1,204 @@
+/*
+ * graph/exec_dp.c — data parallelism inside the captured step: the gradient all-reduce (per layer
+ * on a second stream as each layer's backward finishes, the rest before GRAD_NORM), the ZeRO-1
+ * shard layout, the sharded gradient norm and AdamW. Called from exec.c's plan and run_op.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/exec_internal.h"
+#include "kernels/check.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
+#include "kernels/layernorm.h"
+#include "kernels/loss.h"
+#include "kernels/optim.h"
+
+/* ZeRO-1: pad the flat parameter/gradient buffers to world * shard_len elements and shrink the
+ * AdamW moments to one shard; the same persistent layout in every graph of the run. */
+enum ng_status ng_exec_dp_shard_layout_(struct ng_exec *e, struct ng_graph *g)
+{
+	size_t len = e->shard_len, padded = len * (size_t)e->cfg.world;
+	struct { int t; size_t n; } set[] = {
+		{ g->t_params, padded }, { g->t_params_bf16, padded }, { g->t_grads, padded },
+		{ g->t_adam_m, len }, { g->t_adam_v, len },
+	};
+	for (size_t i = 0; i < sizeof(set) / sizeof(set[0]); i++) {
+		if (set[i].t < 0)
+			continue;
+		struct ng_tensor *t = &g->tensors[set[i].t];
+		t->bytes = set[i].n * ng_dtype_size(t->dtype);
+		t->shape[0] = set[i].n;
+	}
+	return ng_graph_plan(g, g->align);
+}
+
+/* Overlap: which op completes each layer's gradient (the last op of the last micro-batch that
+ * writes a per-layer gradient of that layer), a second stream and an event per layer. */
+enum ng_status ng_exec_dp_plan_overlap_(struct ng_exec *e)
+{
+	const struct ng_graph *g = &e->train;
+	int L = g->cfg.L;
+	e->dp_bucket = malloc(sizeof(int) * (size_t)g->n_ops);
+	e->dp_sent = calloc((size_t)L, sizeof(bool));
+	e->dp_ready = calloc((size_t)L, sizeof(cudaEvent_t));
+	int *last = malloc(sizeof(int) * (size_t)L);
+	if (!e->dp_bucket || !e->dp_sent || !e->dp_ready || !last) {
+		free(last);
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	}
+	for (int l = 0; l < L; l++)
+		last[l] = -1;
+	for (int i = 0; i < g->n_ops; i++) {
+		const struct ng_op *op = &g->ops[i];
+		e->dp_bucket[i] = -1;
+		int gb = op->kind == NG_OP_MATMUL_DW ? op->out[0]
+			 : op->kind == NG_OP_LAYERNORM_BWD ? op->out[1] : -1;
+		if (gb == g->t_grads && op->layer >= 0 && op->layer < L && op->param[0] >= 0 &&
+		    g->lay.p[op->param[0]].per_layer)
+			last[op->layer] = i;
+	}
+	for (int l = 0; l < L; l++)
+		if (last[l] >= 0)
+			e->dp_bucket[last[l]] = l;
+	free(last);
+	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->dp_stream, cudaStreamNonBlocking)) ||
+	    NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->dp_join, cudaEventDisableTiming)))
+		return NG_ERR_RUNTIME;
+	for (int l = 0; l < L; l++)
+		if (NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->dp_ready[l], cudaEventDisableTiming)))
+			return NG_ERR_RUNTIME;
+	return NG_OK;
+}
+
+/* Enqueue the all-reduce of every per-layer gradient slice of layer l on `s` (one NCCL group). */
+static enum ng_status ng_exec_dp_reduce_layer_(struct ng_exec *e, const struct ng_graph *g, int l,
+				      cudaStream_t s)
+{
+	float *grads = ng_exec_tensor_(e, g, g->t_grads);
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		const struct ng_param_spec *p = &g->lay.p[i];
+		if (!p->per_layer)
+			continue;
+		size_t n = p->numel / p->shape[0];
+		enum ng_status r = ng_collective_allreduce_mean_f32(e->cfg.comm,
+								    grads + p->offset + (size_t)l * n,
+								    n, s);
+		if (r)
+			return r;
+	}
+	return NG_OK;
+}
+
+/* After op i of the train graph: fork layer dp_bucket[i]'s all-reduce onto dp_stream. */
+enum ng_status ng_exec_dp_after_op_(struct ng_exec *e, const struct ng_graph *g, int i)
+{
+	if (!e->dp_bucket || g != &e->train || e->dp_bucket[i] < 0)
+		return NG_OK;
+	int l = e->dp_bucket[i];
+	if (NG_CUDA_CHECK(cudaEventRecord(e->dp_ready[l], e->stream)) ||
+	    NG_CUDA_CHECK(cudaStreamWaitEvent(e->dp_stream, e->dp_ready[l], 0)))
+		return NG_ERR_RUNTIME;
+	enum ng_status r = ng_collective_group_begin();
+	if (!r)
+		r = ng_exec_dp_reduce_layer_(e, g, l, e->dp_stream);
+	enum ng_status r2 = ng_collective_group_end();
+	e->dp_sent[l] = true;
+	return r ? r : r2;
+}
+
+/* GRAD_NORM with overlap: join dp_stream, then all-reduce what was not sent (one group). */
+static enum ng_status ng_exec_dp_reduce_rest_(struct ng_exec *e, const struct ng_graph *g, float *loss,
+				     cudaStream_t s)
+{
+	int L = g->cfg.L, sent = 0;
+	for (int l = 0; l < L; l++)
+		sent += e->dp_sent[l];
+	if (sent && (NG_CUDA_CHECK(cudaEventRecord(e->dp_join, e->dp_stream)) ||
+		     NG_CUDA_CHECK(cudaStreamWaitEvent(s, e->dp_join, 0))))
+		return NG_ERR_RUNTIME;
+	float *grads = ng_exec_tensor_(e, g, g->t_grads);
+	enum ng_status r = ng_collective_group_begin();
+	if (!r && sent == 0)
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, grads, g->lay.total, s);
+	for (int i = 0; i < NG_P_COUNT && !r && sent; i++) {
+		const struct ng_param_spec *p = &g->lay.p[i];
+		if (!p->per_layer)
+			r = ng_collective_allreduce_mean_f32(e->cfg.comm, grads + p->offset,
+							     p->numel, s);
+	}
+	for (int l = 0; l < L && !r && sent; l++)
+		if (!e->dp_sent[l])
+			r = ng_exec_dp_reduce_layer_(e, g, l, s);
+	if (!r)
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, loss, 1, s);
+	enum ng_status r2 = ng_collective_group_end();
+	memset(e->dp_sent, 0, sizeof(bool) * (size_t)L);
+	return r ? r : r2;
+}
+
+/* Before GRAD_NORM: the mean gradient (all of it, or this rank's shard with ZeRO-1) and the
+ * mean loss over ranks, then the squared norm (ZeRO-1: of the shard, summed across ranks). */
+enum ng_status ng_exec_dp_grad_norm_(struct ng_exec *e, const struct ng_graph *g,
+				   const struct ng_op *op, void *scratch, cudaStream_t s)
+{
+	struct ng_step_state *st = ng_exec_tensor_(e, g, op->out[0]);
+	float *grads = ng_exec_tensor_(e, g, op->in[0]);
+	size_t total = g->lay.total;
+	enum ng_status r;
+	if (e->dp_bucket) {
+		r = ng_exec_dp_reduce_rest_(e, g, &st->loss_sum, s);
+		return r ? r : ng_grad_norm_squared(&st->grad_norm, grads, total, scratch, s);
+	}
+	r = ng_collective_group_begin();
+	if (!r)
+		r = e->cfg.zero1 ? ng_collective_reduce_scatter_mean_f32(e->cfg.comm, grads,
+									 e->shard_len, e->cfg.rank, s)
+				 : ng_collective_allreduce_mean_f32(e->cfg.comm, grads, total, s);
+	if (!r)
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, &st->loss_sum, 1, s);
+	enum ng_status r2 = ng_collective_group_end();
+	if (r || r2)
+		return r ? r : r2;
+	if (!e->cfg.zero1)
+		return ng_grad_norm_squared(&st->grad_norm, grads, total, scratch, s);
+	size_t own = e->shard_off >= total ? 0
+			: (total - e->shard_off < e->shard_len ? total - e->shard_off : e->shard_len);
+	r = own ? ng_grad_norm_squared(&st->grad_norm, grads + e->shard_off, own, scratch, s)
+		: NG_CUDA_CHECK(cudaMemsetAsync(&st->grad_norm, 0, sizeof(float), s));
+	return r ? r : ng_collective_allreduce_sum_f32(e->cfg.comm, &st->grad_norm, 1, s);
+}
+
+/* ZeRO-1 AdamW: each parameter tensor's part inside [shard_off, shard_off + shard_len), moments
+ * indexed from the shard start; then every rank's updated shard to every rank. */
+enum ng_status ng_exec_dp_adamw_shard_(struct ng_exec *e, const struct ng_graph *g,
+				     const struct ng_op *op, cudaStream_t s)
+{
+	const struct ng_step_state *st = ng_exec_tensor_(e, g, op->in[1]);
+	float *w = ng_exec_tensor_(e, g, op->out[0]), *grad = ng_exec_tensor_(e, g, op->in[0]);
+	ng_bf16 *w16 = ng_exec_tensor_(e, g, op->out[1]);
+	float *m = ng_exec_tensor_(e, g, op->out[2]), *v = ng_exec_tensor_(e, g, op->out[3]);
+	size_t lo = e->shard_off, hi = e->shard_off + e->shard_len;
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		const struct ng_param_spec *p = &g->lay.p[i];
+		size_t a = p->offset > lo ? p->offset : lo;
+		size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+		if (a >= b)
+			continue;
+		enum ng_status r = ng_adamw(w + a, w16 + a, grad + a, m + (a - lo), v + (a - lo),
+					    b - a, p->decay ? e->cfg.wd : 0.0f, e->cfg.beta1,
+					    e->cfg.beta2, e->cfg.eps, st, s);
+		if (r)
+			return r;
+	}
+	enum ng_status r = ng_collective_group_begin();
+	if (!r)
+		r = ng_collective_allgather(e->cfg.comm, w, e->shard_len, 4, e->cfg.rank, s);
+	if (!r)
+		r = ng_collective_allgather(e->cfg.comm, w16, e->shard_len, 2, e->cfg.rank, s);
+	enum ng_status r2 = ng_collective_group_end();
+	return r ? r : r2;
+}

@@ -1,0 +1,204 @@
+/*
+ * graph/exec_host.c — the host side of the GPU executor after ng_exec_init: feeding tokens,
+ * launching a step (graph replay or eager), collecting metrics from the pinned ring a step late,
+ * evaluation, copying persistent tensors in and out (checkpoints, tests), the per-op profile
+ * table and the captured graph's DOT dump. Planning, capture and run_op live in exec.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/exec.h"
+#include "graph/exec_internal.h"
+#include "kernels/check.h"
+#include "kernels/elementwise.h"
+
+void ng_exec_print_profile(const struct ng_exec *e, void *file)
+{
+	FILE *f = file;
+	const struct ng_graph *g = &e->train;
+	if (!e->op_ms)
+		return;
+	struct row {
+		int kind, which;
+		double ms;
+		int count;
+	} rows[NG_OP_KIND_COUNT * NG_OP_WHICH_COUNT];
+	int nr = 0;
+	double total = 0;
+	for (int i = 0; i < g->n_ops; i++) {
+		const struct ng_op *op = &g->ops[i];
+		int j = 0;
+		while (j < nr && !(rows[j].kind == (int)op->kind && rows[j].which == (int)op->which))
+			j++;
+		if (j == nr)
+			rows[nr++] = (struct row){ op->kind, op->which, 0, 0 };
+		rows[j].ms += e->op_ms[i];
+		rows[j].count++;
+		total += e->op_ms[i];
+	}
+	for (int a = 1; a < nr; a++) /* insertion sort, largest first */
+		for (int b = a; b > 0 && rows[b].ms > rows[b - 1].ms; b--) {
+			struct row t = rows[b];
+			rows[b] = rows[b - 1];
+			rows[b - 1] = t;
+		}
+	fprintf(f, "profile of one eager step (%d ops, %.2f ms of device time):\n", g->n_ops, total);
+	for (int j = 0; j < nr; j++)
+		fprintf(f, "  %-24s %-8s x%-4d %8.3f ms  %5.1f%%\n", ng_op_kind_name(rows[j].kind),
+			ng_op_which_name(rows[j].which), rows[j].count, rows[j].ms,
+			100 * rows[j].ms / total);
+}
+
+enum ng_status ng_exec_input(struct ng_exec *e, uint16_t **tokens)
+{
+	/* The previous step's token copy must have run before the buffer is refilled. */
+	if (NG_CUDA_CHECK(cudaEventSynchronize(e->h2d_done)))
+		return NG_ERR_RUNTIME;
+	*tokens = e->h_tokens;
+	return NG_OK;
+}
+
+enum ng_status ng_exec_submit(struct ng_exec *e)
+{
+	if (e->submitted - e->collected >= NG_EXEC_RING)
+		return ng_fail(NG_ERR_RUNTIME, "metrics ring overrun: %lld steps not collected",
+			       e->submitted - e->collected);
+	enum ng_status st;
+	if (e->submitted == 0 && NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream)))
+		return NG_ERR_RUNTIME;
+	if (e->cfg.no_graph)
+		st = ng_exec_run_eager_(e, &e->train, e->train_plan);
+	else
+		st = NG_CUDA_CHECK(cudaGraphLaunch(e->train_exec, e->stream));
+	if (st)
+		return st;
+	if (NG_CUDA_CHECK(cudaEventRecord(e->done[e->submitted % NG_EXEC_RING], e->stream)))
+		return NG_ERR_RUNTIME;
+	e->submitted++;
+	return NG_OK;
+}
+
+enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, float *ms, int max,
+			       bool wait, int *n)
+{
+	*n = 0;
+	while (e->collected < e->submitted && *n < max) {
+		cudaEvent_t ev = e->done[e->collected % NG_EXEC_RING];
+		cudaError_t q = wait ? cudaEventSynchronize(ev) : cudaEventQuery(ev);
+		if (q == cudaErrorNotReady)
+			break;
+		if (NG_CUDA_CHECK(q))
+			return NG_ERR_RUNTIME;
+		if (ms) {
+			cudaEvent_t prev = e->collected ? e->done[(e->collected - 1) % NG_EXEC_RING]
+							: e->start;
+			float t = 0;
+			if (NG_CUDA_CHECK(cudaEventElapsedTime(&t, prev, ev)))
+				return NG_ERR_RUNTIME;
+			ms[*n] = t;
+		}
+		out[(*n)++] = e->ring[(e->collected + e->step_base) % NG_EXEC_RING];
+		e->collected++;
+	}
+	return NG_OK;
+}
+
+enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss)
+{
+	if (e->cfg.eval_batches == 0)
+		return ng_fail(NG_ERR_RUNTIME, "no evaluation graph was planned");
+	const struct ng_graph *g = &e->eval;
+	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
+		return NG_ERR_RUNTIME;
+	memcpy(e->h_eval_tokens, tokens,
+	       (size_t)e->cfg.eval_batches * e->cfg.B * (e->cfg.T + 1) * sizeof(uint16_t));
+	enum ng_status st = e->cfg.no_graph ? ng_exec_run_eager_(e, g, e->eval_plan)
+					    : NG_CUDA_CHECK(cudaGraphLaunch(e->eval_exec, e->stream));
+	float l = 0;
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(&l, ng_exec_tensor_(e, g, g->t_eval_loss), sizeof(float),
+						   cudaMemcpyDeviceToHost, e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	*loss = l;
+	return st;
+}
+
+enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host)
+{
+	const struct ng_graph *g = &e->train;
+	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
+		return NG_ERR_RUNTIME;
+	return NG_CUDA_CHECK(cudaMemcpy(host, ng_exec_tensor_(e, g, tensor), g->tensors[tensor].bytes,
+					cudaMemcpyDeviceToHost));
+}
+
+enum ng_status ng_exec_upload(struct ng_exec *e, int tensor, const void *host)
+{
+	const struct ng_graph *g = &e->train;
+	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
+		return NG_ERR_RUNTIME;
+	return NG_CUDA_CHECK(cudaMemcpy(ng_exec_tensor_(e, g, tensor), host, g->tensors[tensor].bytes,
+					cudaMemcpyHostToDevice));
+}
+
+enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const float *m,
+			       const float *v, long long step, long long n_skipped)
+{
+	const struct ng_graph *g = &e->train;
+	if (e->submitted != e->collected)
+		return ng_fail(NG_ERR_RUNTIME, "restore with %lld steps in flight",
+			       e->submitted - e->collected);
+	struct ng_step_state ss = { 0 };
+	ss.step = (int)step;
+	ss.n_skipped = (int)n_skipped;
+	enum ng_status st = ng_exec_upload(e, g->t_params, params);
+	if (!st)
+		st = ng_exec_upload(e, g->t_adam_m, m);
+	if (!st)
+		st = ng_exec_upload(e, g->t_adam_v, v);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpy(ng_exec_tensor_(e, g, g->t_step_state), &ss, sizeof(ss),
+					      cudaMemcpyHostToDevice));
+	if (!st)
+		st = ng_cast_f32_to_bf16(ng_exec_tensor_(e, g, g->t_params_bf16), ng_exec_tensor_(e, g, g->t_params),
+					 g->lay.total, e->stream);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_grads), 0,
+						   g->tensors[g->t_grads].bytes, e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	if (!st)
+		e->step_base = step - e->collected;
+	return st;
+}
+
+enum ng_status ng_exec_dump_cuda_graph(struct ng_exec *e, const char *path, char *text, size_t n)
+{
+	if (!e->train_graph)
+		return ng_fail(NG_ERR_RUNTIME, "no captured graph (--no-graph?)");
+	if (NG_CUDA_CHECK(cudaGraphDebugDotPrint(e->train_graph, path,
+						 cudaGraphDebugDotFlagsVerbose)))
+		return NG_ERR_RUNTIME;
+	size_t count = 0;
+	if (NG_CUDA_CHECK(cudaGraphGetNodes(e->train_graph, NULL, &count)))
+		return NG_ERR_RUNTIME;
+	cudaGraphNode_t *nodes = malloc(sizeof(*nodes) * (count ? count : 1));
+	if (!nodes)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	cudaGraphGetNodes(e->train_graph, nodes, &count);
+	size_t by[16] = { 0 };
+	for (size_t i = 0; i < count; i++) {
+		enum cudaGraphNodeType t;
+		cudaGraphNodeGetType(nodes[i], &t);
+		by[(unsigned)t < 16 ? (unsigned)t : 15]++;
+	}
+	free(nodes);
+	snprintf(text, n, "%zu nodes: %zu kernel, %zu memcpy, %zu memset, %zu event record, "
+		 "%zu other", count, by[cudaGraphNodeTypeKernel], by[cudaGraphNodeTypeMemcpy],
+		 by[cudaGraphNodeTypeMemset], by[cudaGraphNodeTypeEventRecord],
+		 count - by[cudaGraphNodeTypeKernel] - by[cudaGraphNodeTypeMemcpy] -
+			 by[cudaGraphNodeTypeMemset] - by[cudaGraphNodeTypeEventRecord]);
+	return NG_OK;
+}
