@@ -287,7 +287,8 @@ enum ng_status ng_cmd_plan(int argc, char **argv)
 
 /* On a GPU: plan, warm up and capture the real step, then write cudaGraphDebugDotPrint's
  * cuda_graph.dot and count the captured nodes by kind. */
-static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const char *out)
+static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const struct ng_graph *g,
+				       const char *out)
 {
 	struct ng_exec *e = calloc(1, sizeof(*e));
 	if (!e)
@@ -297,7 +298,13 @@ static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const char *
 	c.B = shape->B;
 	c.T = shape->T;
 	c.K = shape->K;
+	/* the same step as step.dot: the options the graph was built with */
 	ng_step_default_options(&c.step);
+	c.step.recompute_gelu = g->recompute_gelu;
+	c.step.recompute_layernorm = g->recompute_layernorm;
+	c.step.head_chunk_rows = g->head_chunk_rows;
+	c.step.fuse_gelu = g->fuse_gelu;
+	c.deterministic = g->deterministic;
 	c.sched = (struct ng_schedule){ 6e-4f, 0.1f, 1, 2, 1 };
 	c.clip = 1.0f;
 	c.beta1 = 0.9f;
@@ -347,8 +354,8 @@ enum ng_status ng_cmd_dump(int argc, char **argv)
 		fprintf(stderr, "dump: wrote %s/step.dot (%d ops, %d tensors) and %s/arena.svg "
 			"(arena %.1f MiB, lower bound %.1f MiB)\n", out, g.n_ops, g.n_tensors, out,
 			g.arena_bytes / MIB, g.lower_bound_bytes / MIB);
-	ng_graph_free(&g);
 	if (!st && ng_cuda_device_count() > 0)
-		st = dump_cuda_graph(&shape, out);
+		st = dump_cuda_graph(&shape, &g, out);
+	ng_graph_free(&g);
 	return st;
 }
