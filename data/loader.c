@@ -27,14 +27,6 @@ struct fill_state {
 	struct ng_shard shard; /* the mapped shard */
 };
 
-static uint64_t mix64(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
 static void shuffle_u64(uint64_t *a, uint64_t n, uint64_t seed)
 {
 	struct ng_rng r;
@@ -53,7 +45,7 @@ static void set_epoch(struct ng_loader *ld, struct fill_state *fs, uint64_t epoc
 	for (int i = 0; i < n; i++)
 		fs->order[i] = (uint64_t)i;
 	if (ld->cfg.shuffle)
-		shuffle_u64(fs->order, (uint64_t)n, mix64(ld->cfg.seed ^ mix64(epoch)));
+		shuffle_u64(fs->order, (uint64_t)n, ng_rng_mix64(ld->cfg.seed ^ ng_rng_mix64(epoch)));
 	fs->cum[0] = 0;
 	for (int i = 0; i < n; i++)
 		fs->cum[i + 1] = fs->cum[i] + ld->shards[fs->order[i]].windows;
@@ -75,7 +67,8 @@ static enum ng_status set_perm(struct ng_loader *ld, struct fill_state *fs, int 
 			       (unsigned long long)n);
 	for (uint64_t i = 0; i < n; i++)
 		fs->perm[i] = i;
-	shuffle_u64(fs->perm, n, mix64(mix64(ld->cfg.seed ^ mix64(fs->epoch)) + (uint64_t)shard));
+	uint64_t key = ng_rng_mix64(ld->cfg.seed ^ ng_rng_mix64(fs->epoch));
+	shuffle_u64(fs->perm, n, ng_rng_mix64(key + (uint64_t)shard));
 	return NG_OK;
 }
 

@@ -9,15 +9,6 @@
 
 #include "util/rng.h"
 
-/* splitmix64 finaliser: mixes seed, stream, index and row into one independent rng seed. */
-static uint64_t mix64(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
 /* Power iteration pi <- pi P until the L1 change is below 1e-15. */
 static enum ng_status stationary(struct ng_synth *s)
 {
@@ -62,7 +53,7 @@ enum ng_status ng_synth_init(struct ng_synth *s, int vocab, uint64_t seed)
 	s->states = S;
 	s->seed = seed;
 	struct ng_rng r;
-	ng_rng_seed(&r, mix64(seed ^ 0x5157a7e5ull));
+	ng_rng_seed(&r, ng_rng_mix64(seed ^ 0x5157a7e5ull));
 
 	/* S distinct token ids over [0, vocab) by rejection (S <= 256, so this is cheap). */
 	for (int i = 0; i < S; i++) {
@@ -140,8 +131,8 @@ void ng_synth_batch(const struct ng_synth *s, uint64_t stream, uint64_t index, i
 {
 	for (int b = 0; b < B; b++) {
 		struct ng_rng r;
-		uint64_t key = mix64(mix64(mix64(s->seed) ^ stream) ^ index);
-		ng_rng_seed(&r, mix64(key ^ (uint64_t)b));
+		uint64_t key = ng_rng_mix64(ng_rng_mix64(ng_rng_mix64(s->seed) ^ stream) ^ index);
+		ng_rng_seed(&r, ng_rng_mix64(key ^ (uint64_t)b));
 		uint16_t *row = out + (size_t)b * (T + 1);
 		int st = pick(s->pi_cum, s->states, ng_rng_uniform(&r));
 		row[0] = s->tok[st];

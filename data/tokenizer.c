@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/rng.h"
+
 /* \s spelled out as Unicode White_Space, which the reference implementation (Python's regex
  * module) uses; PCRE2's own \s also takes U+180E, and the token stream would differ there. */
 #define WS "\\t\\n\\x0b\\f\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}" \
@@ -20,14 +22,6 @@
 static const char GPT2_PATTERN[] =
 	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS
 	"])|[" WS "]+";
-
-static uint64_t mix64(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
 
 /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 bytes to code points
  * 256, 257, ... in byte order. */
@@ -179,7 +173,7 @@ static enum ng_status load_encoder(struct ng_tokenizer *tok, const char *path, j
 
 static void merge_put(struct ng_tokenizer *tok, uint64_t key, uint64_t val)
 {
-	size_t mask = tok->merge_cap_ - 1, i = mix64(key) & mask;
+	size_t mask = tok->merge_cap_ - 1, i = ng_rng_mix64(key) & mask;
 	while (tok->merge_key_[i] && tok->merge_key_[i] != key)
 		i = (i + 1) & mask;
 	if (!tok->merge_key_[i]) { /* the first rank of a duplicated rule wins */
@@ -192,7 +186,7 @@ static void merge_put(struct ng_tokenizer *tok, uint64_t key, uint64_t val)
 static uint64_t merge_get(const struct ng_tokenizer *tok, uint32_t a, uint32_t b)
 {
 	uint64_t key = ((uint64_t)a << 32 | b) + 1; /* +1: never 0 (the empty mark) */
-	size_t mask = tok->merge_cap_ - 1, i = mix64(key) & mask;
+	size_t mask = tok->merge_cap_ - 1, i = ng_rng_mix64(key) & mask;
 	while (tok->merge_key_[i]) {
 		if (tok->merge_key_[i] == key)
 			return tok->merge_val_[i];
@@ -438,7 +432,7 @@ static uint64_t hash_bytes(const unsigned char *p, size_t n)
 	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, finished with mix64 */
 	for (size_t i = 0; i < n; i++)
 		h = (h ^ p[i]) * 0x100000001b3ull;
-	h = mix64(h ^ n);
+	h = ng_rng_mix64(h ^ n);
 	return h ? h : 1;
 }
 

@@ -17,6 +17,9 @@ struct ng_rng {
 };
 
 void ng_rng_seed(struct ng_rng *r, uint64_t seed);
+/* splitmix64 of x: a stateless 64-bit mix, for deriving independent seeds and for hashing
+ * (mix(seed ^ stream) seeds a stream; shuffles and hash tables use it too). */
+uint64_t ng_rng_mix64(uint64_t x);
 uint64_t ng_rng_u64(struct ng_rng *r);
 /* Uniform in [0, n), unbiased (rejection). n > 0. */
 uint64_t ng_rng_below(struct ng_rng *r, uint64_t n);
