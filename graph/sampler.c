@@ -147,8 +147,25 @@ void ng_sampler_free(struct ng_sampler *s)
 	s->inited = false;
 }
 
+/* Launch decode steps [*i, end) and, with `logits`, copy each step's row after it. */
+static enum ng_status run_steps(struct ng_sampler *s, int *i, int end, float *logits)
+{
+	const struct ng_gpt_config *m = &s->cfg.model;
+	enum ng_status st = NG_OK;
+	for (; *i < end && !st; (*i)++) {
+		st = s->cfg.no_graph ? enqueue_step(s)
+				     : NG_CUDA_CHECK(cudaGraphLaunch(s->exec, s->stream));
+		if (!st && logits)
+			st = NG_CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)*i * m->V, s->logits,
+							   (size_t)m->V * sizeof(float),
+							   cudaMemcpyDeviceToHost, s->stream));
+	}
+	return st;
+}
+
 enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, int n_prompt,
-				   int n_new, int32_t *out, double *seconds)
+				   int n_new, int32_t *out, int *n_out, double *seconds,
+				   float *logits)
 {
 	const struct ng_gpt_config *m = &s->cfg.model;
 	if (n_prompt < 1 || n_new < 0 || n_prompt + n_new > m->T) {
@@ -163,6 +180,8 @@ enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, 
 				       "vocabulary of %d", i, prompt[i], m->V);
 	int zero = 0;
 	int steps = n_prompt + (n_new > 0 ? n_new : 1) - 1;
+	bool stop = s->cfg.stop_at_eot && m->V > NG_SAMPLER_EOT && n_new > 0;
+	int done = n_new;
 	cudaEvent_t e0, e1;
 	enum ng_status st = NG_CUDA_CHECK(cudaMemcpy(s->tokens, prompt, n_prompt * sizeof(int32_t),
 						     cudaMemcpyHostToDevice));
@@ -178,9 +197,30 @@ enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, 
 		return NG_ERR_RUNTIME;
 	}
 	st = NG_CUDA_CHECK(cudaEventRecord(e0, s->stream));
-	for (int i = 0; i < steps && !st; i++)
-		st = s->cfg.no_graph ? enqueue_step(s)
-				     : NG_CUDA_CHECK(cudaGraphLaunch(s->exec, s->stream));
+	int i = 0;
+	if (!st && stop) { /* the prompt in one go, then chunks with an end-of-text check after each */
+		st = run_steps(s, &i, n_prompt - 1, logits);
+		while (!st && i < steps) {
+			int from = i - (n_prompt - 1); /* tokens sampled before this chunk */
+			int end = i + NG_SAMPLER_CHUNK < steps ? i + NG_SAMPLER_CHUNK : steps;
+			st = run_steps(s, &i, end, logits);
+			int got = i - (n_prompt - 1);
+			if (!st)
+				st = NG_CUDA_CHECK(cudaMemcpyAsync(out + from,
+								   s->tokens + n_prompt + from,
+								   (size_t)(got - from) * sizeof(int32_t),
+								   cudaMemcpyDeviceToHost, s->stream));
+			if (!st)
+				st = NG_CUDA_CHECK(cudaStreamSynchronize(s->stream));
+			for (int k = from; k < got && !st && done == n_new; k++)
+				if (out[k] == NG_SAMPLER_EOT)
+					done = k;
+			if (done < n_new)
+				break;
+		}
+	} else if (!st) {
+		st = run_steps(s, &i, steps, logits);
+	}
 	if (!st)
 		st = NG_CUDA_CHECK(cudaEventRecord(e1, s->stream));
 	if (!st)
@@ -192,9 +232,11 @@ enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, 
 	cudaEventDestroy(e1);
 	if (seconds)
 		*seconds = ms * 1e-3;
-	if (!st && n_new > 0)
+	if (!st && n_new > 0 && !stop)
 		st = NG_CUDA_CHECK(cudaMemcpy(out, s->tokens + n_prompt, n_new * sizeof(int32_t),
 					      cudaMemcpyDeviceToHost));
+	if (n_out)
+		*n_out = done;
 	return st;
 }
 

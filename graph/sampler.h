@@ -26,7 +26,12 @@ struct ng_sampler_config {
 	float temperature;           /* <= 0: greedy */
 	uint64_t seed;               /* the RNG counter's key */
 	bool no_graph;               /* launch the step's kernels eagerly (tests: replay == eager) */
+	bool stop_at_eot;            /* stop once NG_SAMPLER_EOT is sampled (checked every
+				      * NG_SAMPLER_CHUNK tokens: one host sync per chunk) */
 };
+
+#define NG_SAMPLER_EOT 50256  /* GPT-2's <|endoftext|> */
+#define NG_SAMPLER_CHUNK 16   /* decode steps between two end-of-text checks */
 
 struct ng_sampler {
 	struct ng_sampler_config cfg;
@@ -56,10 +61,14 @@ void ng_sampler_free(struct ng_sampler *s);
 
 /* Run the prompt (n_prompt >= 1 tokens) and then n_new sampled tokens: n_prompt - 1 + n_new
  * decode steps (n_new may be 0: the prompt only, logits predict position n_prompt). out gets
- * the n_new sampled tokens (may be NULL when n_new == 0); *seconds the device time of the
- * steps. n_prompt + n_new <= T, or NG_ERR_INPUT. */
+ * the sampled tokens (may be NULL when n_new == 0) and *n_out (may be NULL) how many: n_new,
+ * or fewer when stop_at_eot met the end of text (out then ends before it). *seconds: the
+ * device time of the steps. logits (may be NULL): one row of V floats per decode step, row i
+ * predicting position i + 1 (steps run one at a time with a copy after each: a check, not the
+ * fast path). n_prompt + n_new <= T, or NG_ERR_INPUT. */
 enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, int n_prompt,
-				   int n_new, int32_t *out, double *seconds);
+				   int n_new, int32_t *out, int *n_out, double *seconds,
+				   float *logits);
 /* The logits of the last step (Vp floats) to the host. */
 enum ng_status ng_sampler_logits(struct ng_sampler *s, float *host);
 

@@ -52,12 +52,33 @@ static const char *vocab_dir(const char *flag)
 	return env && *env ? env : "../shared/data/gpt2";
 }
 
+/* --logits: int32 n_rows, V, n_seq; int32 tokens[n_seq] (prompt then samples); float32
+ * rows[n_rows][V], row i the logits after token i (predicting token i + 1). */
+static enum ng_status write_logits(const char *path, const int32_t *ids, int n_prompt,
+				   const int32_t *out, int n_new, const float *rows, int n_rows,
+				   int V)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return ng_fail(NG_ERR_INPUT, "sample --logits %s: cannot create it", path);
+	int32_t head[3] = { n_rows, V, n_prompt + n_new };
+	bool ok = fwrite(head, sizeof(head), 1, f) == 1 &&
+		  fwrite(ids, sizeof(int32_t), (size_t)n_prompt, f) == (size_t)n_prompt &&
+		  fwrite(out, sizeof(int32_t), (size_t)n_new, f) == (size_t)n_new &&
+		  fwrite(rows, sizeof(float) * V, (size_t)n_rows, f) == (size_t)n_rows;
+	ok = (fclose(f) == 0) && ok;
+	if (!ok)
+		return ng_fail(NG_ERR_RUNTIME, "sample --logits %s: write failed (disk full?)", path);
+	return NG_OK;
+}
+
 enum ng_status ng_cmd_sample(int argc, char **argv)
 {
 	const char *ckpt = NULL, *prompt = NULL, *vocab = NULL;
 	long long tokens = 64, top_k = 40, seed = 1337;
 	double temperature = 1.0;
-	bool no_graph = false;
+	bool no_graph = false, ignore_eot = false;
+	const char *logits_path = NULL;
 	struct ng_flag flags[] = {
 		{ "--ckpt", NG_FLAG_STRING, &ckpt, 0, 0, "PATH",
 		  "model_*.safetensors (or HF GPT-2 safetensors), or a checkpoint directory", false },
@@ -74,6 +95,11 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 		  false },
 		{ "--no-graph", NG_FLAG_BOOL, &no_graph, 0, 0, NULL,
 		  "launch each decode step's kernels eagerly instead of replaying the CUDA Graph",
+		  false },
+		{ "--ignore-eot", NG_FLAG_BOOL, &ignore_eot, 0, 0, NULL,
+		  "keep generating past <|endoftext|> (default: stop there)", false },
+		{ "--logits", NG_FLAG_STRING, &logits_path, 0, 0, "FILE",
+		  "write every step's logits (float32; see tools/peer/hf_check.py) -- a check, slow",
 		  false },
 	};
 	struct ng_command_spec spec = {
@@ -110,6 +136,7 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 	int32_t *ids = NULL, *out = NULL;
 	uint16_t *out16 = NULL;
 	char *text = NULL;
+	float *rows = NULL;
 	st = load_ckpt(ckpt, &cfg, &params);
 	if (st)
 		goto done;
@@ -135,25 +162,40 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 	for (int i = 0; i < n_prompt; i++)
 		ids[i] = buf.data[i];
 	struct ng_sampler_config sc = { cfg, (int)top_k, (float)temperature, (uint64_t)seed,
-					no_graph };
+					no_graph, !ignore_eot && !logits_path };
+	int steps = n_prompt + (n_new > 0 ? n_new : 1) - 1, n_done = 0;
+	if (logits_path) {
+		rows = malloc((size_t)steps * cfg.V * sizeof(float));
+		if (!rows) {
+			st = ng_fail(NG_ERR_RUNTIME, "out of host memory for %d rows of logits", steps);
+			goto done;
+		}
+	}
 	st = ng_sampler_init(&smp, &sc, params);
 	double secs = 0;
 	if (!st)
-		st = ng_sampler_generate(&smp, ids, n_prompt, n_new, out, &secs);
+		st = ng_sampler_generate(&smp, ids, n_prompt, n_new, out, &n_done, &secs, rows);
+	if (!st && logits_path)
+		st = write_logits(logits_path, ids, n_prompt, out, n_new, rows, steps, cfg.V);
 	if (st)
 		goto done;
-	for (int i = 0; i < n_new; i++)
+	for (int i = 0; i < n_done; i++)
 		out16[i] = (uint16_t)out[i];
 	size_t len;
-	st = ng_tokenizer_decode(&tok, out16, (size_t)n_new, &text, &len);
+	st = ng_tokenizer_decode(&tok, out16, (size_t)n_done, &text, &len);
 	if (st)
 		goto done;
 	printf("%s%s\n", prompt ? prompt : "", text);
 	fflush(stdout);
-	fprintf(stderr, "sample: %d prompt + %d new tokens in %.3f s of device time | %.0f tok/s | "
-		"%s\n", n_prompt, n_new, secs, secs > 0 ? (n_prompt + n_new - 1) / secs : 0.0,
+	if (n_done < n_new) /* the steps of the chunk that met the end of text ran too */
+		steps = n_prompt - 1 + (n_done / NG_SAMPLER_CHUNK + 1) * NG_SAMPLER_CHUNK;
+	fprintf(stderr, "sample: %d prompt + %d new tokens%s in %.3f s of device time | %.0f "
+		"decode steps/s | %s\n", n_prompt, n_done,
+		n_done < n_new ? " (stopped at <|endoftext|>)" : "", secs,
+		secs > 0 ? steps / secs : 0.0,
 		no_graph ? "eager launches" : "one CUDA Graph replay per token");
 done:
+	free(rows);
 	free(text);
 	free(ids);
 	free(out);

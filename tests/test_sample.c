@@ -3,7 +3,8 @@
  * logits after a prompt equal the last-position logits of a full forward (the CPU reference in
  * double on the same bf16-rounded weights; the decode path keeps fp32 activations, so the
  * tolerance is fp32 accumulation over a few layers plus a bf16 ulp margin); graph replay gives
- * the same tokens and bit-identical logits as eager launches; greedy sampling picks the argmax.
+ * the same tokens and bit-identical logits as eager launches; greedy sampling picks the argmax;
+ * the per-step logits trace ends with the final logits; generation stops at <|endoftext|>.
  * Fresh random models every run (seed printed on failure).
  */
 #include <criterion/criterion.h>
@@ -82,10 +83,10 @@ Test(sample, decode_logits_match_full_forward)
 	const double *ref = m.a.logits + (size_t)(P - 1) * cfg.Vp;
 
 	struct ng_sampler s;
-	struct ng_sampler_config sc = { cfg, 0, 0.0f, seed, false };
+	struct ng_sampler_config sc = { cfg, 0, 0.0f, seed, false, false };
 	cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 	int32_t next;
-	cr_assert_eq(ng_sampler_generate(&s, prompt, P, 1, &next, NULL), NG_OK, "%s",
+	cr_assert_eq(ng_sampler_generate(&s, prompt, P, 1, &next, NULL, NULL, NULL), NG_OK, "%s",
 		     ng_error_message());
 	float *got = malloc(sizeof(float) * cfg.Vp);
 	cr_assert_eq(ng_sampler_logits(&s, got), NG_OK);
@@ -148,10 +149,10 @@ Test(sample, graph_replay_equals_eager)
 		float *lg[2];
 		for (int eager = 0; eager < 2; eager++) {
 			struct ng_sampler s;
-			struct ng_sampler_config sc = { cfg, top_k[c], temp[c], seed, eager == 1 };
+			struct ng_sampler_config sc = { cfg, top_k[c], temp[c], seed, eager == 1, false };
 			cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 			double secs;
-			cr_assert_eq(ng_sampler_generate(&s, prompt, P, n_new, out[eager], &secs),
+			cr_assert_eq(ng_sampler_generate(&s, prompt, P, n_new, out[eager], NULL, &secs, NULL),
 				     NG_OK, "%s", ng_error_message());
 			lg[eager] = malloc(sizeof(float) * cfg.Vp);
 			cr_assert_eq(ng_sampler_logits(&s, lg[eager]), NG_OK);
@@ -183,12 +184,96 @@ Test(sample, context_overflow_refused)
 	struct ng_gpt_layout lay;
 	float *p = random_model(&cfg, &lay, &r, seed);
 	struct ng_sampler s;
-	struct ng_sampler_config sc = { cfg, 10, 1.0f, seed, false };
+	struct ng_sampler_config sc = { cfg, 10, 1.0f, seed, false, false };
 	cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 	int32_t prompt[2] = { 1, 2 }, out[64];
 	ng_clear_error();
-	cr_assert_eq(ng_sampler_generate(&s, prompt, 2, cfg.T - 1, out, NULL), NG_ERR_INPUT);
+	cr_assert_eq(ng_sampler_generate(&s, prompt, 2, cfg.T - 1, out, NULL, NULL, NULL), NG_ERR_INPUT);
 	cr_assert(strstr(ng_error_message(), "exceed the context"), "%s", ng_error_message());
 	ng_sampler_free(&s);
+	free(p);
+}
+
+/* The per-step logits trace (sample --logits): its last row is the final step's logits, and a
+ * run with the trace samples the same tokens as one without. */
+Test(sample, logits_trace)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	struct ng_rng r;
+	uint64_t seed = seed_now();
+	ng_rng_seed(&r, seed);
+	struct ng_gpt_config cfg;
+	struct ng_gpt_layout lay;
+	float *p = random_model(&cfg, &lay, &r, seed);
+	struct ng_sampler s;
+	struct ng_sampler_config sc = { cfg, 0, 0.0f, seed, false, false };
+	cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
+	int32_t prompt[3] = { 5, 7, 11 }, a[8], b[8];
+	int n = 0, steps = 3 + 8 - 1;
+	float *rows = malloc(sizeof(float) * (size_t)steps * cfg.V);
+	float *last = malloc(sizeof(float) * cfg.Vp);
+	cr_assert_eq(ng_sampler_generate(&s, prompt, 3, 8, a, &n, NULL, rows), NG_OK, "%s",
+		     ng_error_message());
+	cr_assert_eq(n, 8);
+	cr_assert_eq(ng_sampler_logits(&s, last), NG_OK);
+	cr_assert_eq(memcmp(rows + (size_t)(steps - 1) * cfg.V, last, sizeof(float) * cfg.V), 0,
+		     "last trace row != final logits (seed %llu)", (unsigned long long)seed);
+	cr_assert_eq(ng_sampler_generate(&s, prompt, 3, 8, b, NULL, NULL, NULL), NG_OK);
+	cr_assert_eq(memcmp(a, b, sizeof(a)), 0, "tokens differ with the trace (seed %llu)",
+		     (unsigned long long)seed);
+	/* greedy: every generated token is the argmax of the row before it */
+	for (int i = 0; i < 8; i++) {
+		const float *row = rows + (size_t)(3 - 1 + i) * cfg.V;
+		int best = 0;
+		for (int v = 1; v < cfg.V; v++)
+			if (row[v] > row[best])
+				best = v;
+		cr_assert_eq(a[i], best, "token %d: %d, argmax %d (seed %llu)", i, a[i], best,
+			     (unsigned long long)seed);
+	}
+	ng_sampler_free(&s);
+	free(rows);
+	free(last);
+	free(p);
+}
+
+/* A GPT-2-sized vocabulary whose final LayerNorm makes <|endoftext|> the argmax everywhere:
+ * with stop_at_eot the first sample ends generation (0 tokens); without, all are EOT. */
+Test(sample, stops_at_end_of_text)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	struct ng_gpt_config cfg = { 1, 2, 64, 64, NG_SAMPLER_EOT + 1, 0 };
+	cr_assert_eq(ng_gpt_check(&cfg), NG_OK);
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(&cfg, &lay);
+	float *p = malloc(lay.total * sizeof(float));
+	uint64_t seed = seed_now();
+	ng_gpt_init(&cfg, &lay, seed, p);
+	float *lnfw = p + lay.p[NG_P_LNFW].offset, *lnfb = p + lay.p[NG_P_LNFB].offset;
+	float *eot = p + lay.p[NG_P_WTE].offset + (size_t)NG_SAMPLER_EOT * cfg.C;
+	for (int c = 0; c < cfg.C; c++) { /* ln_f output = the bias; logit(EOT) = 64 * 0.5 */
+		lnfw[c] = 0;
+		lnfb[c] = 1;
+		eot[c] = 0.5f;
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		struct ng_sampler s;
+		struct ng_sampler_config sc = { cfg, 40, 1.0f, seed, false, pass == 0 };
+		cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
+		int32_t prompt[2] = { 3, 4 }, out[40];
+		int n = -1;
+		cr_assert_eq(ng_sampler_generate(&s, prompt, 2, 40, out, &n, NULL, NULL), NG_OK, "%s",
+			     ng_error_message());
+		if (pass == 0) {
+			cr_assert_eq(n, 0, "stop_at_eot: %d tokens before the end of text", n);
+		} else {
+			cr_assert_eq(n, 40);
+			for (int i = 0; i < 40; i++)
+				cr_assert_eq(out[i], NG_SAMPLER_EOT, "token %d = %d", i, out[i]);
+		}
+		ng_sampler_free(&s);
+	}
 	free(p);
 }

@@ -117,6 +117,7 @@ def main():
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--metrics")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--save", help="after training: the weights as HF GPT-2 safetensors")
     a = ap.parse_args()
     L, H, C, T, V = PRESETS[a.model]
     Vp = (V + 127) // 128 * 128
@@ -178,6 +179,32 @@ def main():
     mean = sum(rates) / len(rates) if rates else 0
     print(f"peer: {a.model} B={B} T={T} K={K}: {mean:.0f} tok/s (mean after step 3), "
           f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved", flush=True)
+    if a.save:
+        save_hf(model, a.save, L, H, C, T, V)
+
+
+def save_hf(model, path, L, H, C, T, V):
+    """Hugging Face GPT-2 names and layouts (Conv1D weights stored (in, out), wte unpadded),
+    written by the safetensors library -- the file another program would hand to nanograph."""
+    from safetensors.torch import save_file
+    p = {n: t.detach().float().cpu() for n, t in model.named_parameters()}
+    out = {"transformer.wte.weight": p["wte"][:V], "transformer.wpe.weight": p["wpe"],
+           "transformer.ln_f.weight": p["lnfw"], "transformer.ln_f.bias": p["lnfb"]}
+    hf = [("ln_1.weight", "ln1w", False), ("ln_1.bias", "ln1b", False),
+          ("attn.c_attn.weight", "qkvw", True), ("attn.c_attn.bias", "qkvb", False),
+          ("attn.c_proj.weight", "attprojw", True), ("attn.c_proj.bias", "attprojb", False),
+          ("ln_2.weight", "ln2w", False), ("ln_2.bias", "ln2b", False),
+          ("mlp.c_fc.weight", "fcw", True), ("mlp.c_fc.bias", "fcb", False),
+          ("mlp.c_proj.weight", "fcprojw", True), ("mlp.c_proj.bias", "fcprojb", False)]
+    for l in range(L):
+        for name, ours, conv1d in hf:
+            t = p[ours][l]
+            out[f"transformer.h.{l}.{name}"] = t.t() if conv1d else t
+    out = {k: v.contiguous() for k, v in out.items()}
+    meta = {"format": "pt", "n_layer": str(L), "n_head": str(H), "n_embd": str(C),
+            "n_positions": str(T), "vocab_size": str(V), "writer": "tools/peer/gpt_peer.py"}
+    save_file(out, path, metadata=meta)
+    print(f"peer: wrote {path} ({len(out)} tensors)", flush=True)
 
 
 if __name__ == "__main__":

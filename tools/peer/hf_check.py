@@ -8,8 +8,10 @@ On the GPU machine (transformers installed, offline):
   2. the validation loss of HF (fp32) on the same windows as `nanograph eval` (file order, B
      windows of T+1 per batch) against ours (bf16 forward on the GPU): equal within bf16 noise;
   3. HF's own save_pretrained safetensors loads back into `nanograph eval` with the same loss;
-  4. greedy continuation: `nanograph sample --temperature 0` against HF generate (do_sample off),
-     reporting how many leading tokens agree (bf16 near-ties may split them late).
+  4. logits: `nanograph sample --logits` (the KV-cache decode graph, greedy) against HF's
+     forward on the same tokens, within 2x the error of HF itself run in bf16 (both vs HF fp32);
+  5. greedy continuation: ours against HF generate (do_sample off), reporting how many leading
+     tokens agree (bf16 near-ties may split them late).
 Prints one JSON line with every number, and exits 1 when a check fails.
 """
 import argparse, glob, json, os, struct, subprocess, sys, tempfile
@@ -104,21 +106,46 @@ def main():
     res["hf_saved_loss_ours"] = back["val_loss"]
     ok &= abs(back["val_loss"] - res["ours_loss"]) <= 1e-6
 
+    # 4. logits: our KV-cache decode (`sample --logits`, greedy) against HF on the same tokens.
+    # Tolerance as STYLE.md derives it: ours within 2x the error of the same model run naively
+    # in bf16 (HF with bf16 weights and activations), both against HF in fp32, plus a small atol.
     tok = GPT2Tokenizer(os.path.join(a.vocab, "encoder.json"), os.path.join(a.vocab, "vocab.bpe"))
     ids = tok.encode(a.prompt)
+    with tempfile.TemporaryDirectory() as d:
+        lf = os.path.join(d, "logits.bin")
+        our_text = run([a.nanograph, "sample", "--ckpt", a.ckpt, "--prompt", a.prompt,
+                        "--tokens", str(a.tokens), "--temperature", "0", "--vocab", a.vocab,
+                        "--logits", lf])
+        raw = np.fromfile(lf, dtype=np.uint8)
+    n_rows, V, n_seq = (int(x) for x in raw[:12].view(np.int32))
+    seq = raw[12:12 + 4 * n_seq].view(np.int32).astype(np.int64)
+    ours_rows = torch.from_numpy(raw[12 + 4 * n_seq:].view(np.float32).reshape(n_rows, V).copy())
+    assert seq[:len(ids)].tolist() == ids, "the prompt's tokens differ from HF's tokenizer"
+    x = torch.tensor(seq[None, :n_rows], device=dev)
+    with torch.no_grad():
+        hf32 = model(x).logits[0].float().cpu()
+        m16 = GPT2LMHeadModel(cfg).to(dev).eval()
+        m16.load_state_dict(model.state_dict())
+        hf16 = m16.to(torch.bfloat16)(x).logits[0].float().cpu()
+    err_ours = (ours_rows - hf32).abs().max().item()
+    err_bf16 = (hf16 - hf32).abs().max().item()
+    scale = hf32.abs().max().item()
+    res["logits_rows"], res["logits_scale"] = n_rows, scale
+    res["logits_max_abs_err"], res["logits_bf16_naive_max_abs_err"] = err_ours, err_bf16
+    res["logits_rel_l2"] = ((ours_rows - hf32).norm() / hf32.norm()).item()
+    res["logits_argmax_agree"] = (ours_rows.argmax(1) == hf32.argmax(1)).float().mean().item()
+    ok &= err_ours <= 2 * err_bf16 + 1e-3 * scale
+
+    # 5. greedy continuation: ours (from the logits run: no EOT stop) against HF generate
     with torch.no_grad():
         g = model.generate(torch.tensor([ids], device=dev), max_new_tokens=a.tokens,
                            do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
-    hf_text = tok.decode(g)
-    our_text = run([a.nanograph, "sample", "--ckpt", a.ckpt, "--prompt", a.prompt, "--tokens",
-                    str(a.tokens), "--temperature", "0", "--vocab", a.vocab])
-    our_text = our_text[len(a.prompt):].rstrip("\n")
-    ours_ids = tok.encode(our_text)
+    ours_ids = seq[len(ids):].tolist()
     agree = 0
     while agree < min(len(g), len(ours_ids)) and g[agree] == ours_ids[agree]:
         agree += 1
-    res["greedy_agree_tokens"], res["greedy_tokens"] = agree, len(g)
-    res["hf_text"], res["our_text"] = hf_text, our_text
+    res["greedy_agree_tokens"], res["greedy_tokens"] = agree, min(len(g), len(ours_ids))
+    res["hf_text"], res["our_text"] = tok.decode(g), our_text[len(a.prompt):].rstrip("\n")
     ok &= agree >= min(8, len(g))
     res["ok"] = bool(ok)
     print(json.dumps(res))
