@@ -108,6 +108,24 @@ void ng_gpt_layout(const struct ng_gpt_config *cfg, struct ng_gpt_layout *lay)
 	lay->total = off;
 }
 
+/* Normal(0, std) values into x[0..n): block k of NG_INIT_BLOCK values has its own RNG stream
+ * (seeded from seed, tensor and k), so the blocks fill in parallel and the values do not depend
+ * on the thread count. */
+#define NG_INIT_BLOCK ((size_t)1 << 18)
+static void fill_normal(float *x, size_t n, double std, uint64_t seed, int tensor)
+{
+	long long nb = (long long)((n + NG_INIT_BLOCK - 1) / NG_INIT_BLOCK);
+#pragma omp parallel for schedule(static)
+	for (long long k = 0; k < nb; k++) {
+		struct ng_rng r;
+		ng_rng_seed(&r, ng_rng_mix64(seed * 1000003ull + (uint64_t)tensor) ^
+				(uint64_t)k * 0x9e3779b97f4a7c15ull);
+		size_t end = ((size_t)k + 1) * NG_INIT_BLOCK < n ? ((size_t)k + 1) * NG_INIT_BLOCK : n;
+		for (size_t j = (size_t)k * NG_INIT_BLOCK; j < end; j++)
+			x[j] = (float)(std * ng_rng_normal(&r));
+	}
+}
+
 void ng_gpt_init(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *lay, uint64_t seed,
 		 float *params)
 {
@@ -116,25 +134,20 @@ void ng_gpt_init(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *la
 	for (int i = 0; i < NG_P_COUNT; i++) {
 		const struct ng_param_spec *p = &lay->p[i];
 		float *x = params + p->offset;
-		/* one stream per tensor, so adding a tensor does not move the others' values */
-		struct ng_rng r;
-		ng_rng_seed(&r, seed * 1000003ull + (uint64_t)i);
+		/* streams per tensor, so adding a tensor does not move the others' values */
 		switch (i) {
 		case NG_P_LN1W: case NG_P_LN2W: case NG_P_LNFW:
 			for (size_t j = 0; j < p->numel; j++)
 				x[j] = 1.0f;
 			break;
-		case NG_P_WTE:
-			for (size_t j = 0; j < (size_t)cfg->V * cfg->C; j++)
-				x[j] = (float)(std * ng_rng_normal(&r));
-			break; /* padded rows stay zero */
+		case NG_P_WTE: /* padded rows stay zero */
+			fill_normal(x, (size_t)cfg->V * cfg->C, std, seed, i);
+			break;
 		case NG_P_WPE: case NG_P_QKVW: case NG_P_FCW:
-			for (size_t j = 0; j < p->numel; j++)
-				x[j] = (float)(std * ng_rng_normal(&r));
+			fill_normal(x, p->numel, std, seed, i);
 			break;
 		case NG_P_ATTPROJW: case NG_P_FCPROJW:
-			for (size_t j = 0; j < p->numel; j++)
-				x[j] = (float)(proj_std * ng_rng_normal(&r));
+			fill_normal(x, p->numel, proj_std, seed, i);
 			break;
 		default:
 			break; /* biases: zero */

@@ -74,6 +74,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "none (none)", false },
 		{ "--head-chunk", NG_FLAG_INT, &o.head_chunk, 0, 1 << 30, "ROWS",
 		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (0)", false },
+		{ "--no-fuse-gelu", NG_FLAG_BOOL, &o.no_fuse_gelu, 0, 0, NULL,
+		  "GPU: GELU and its gradient as kernels of their own, not matmul epilogues", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
 		{ "--world", NG_FLAG_INT, &da.world, 1, 1 << 20, "N",
