@@ -8,7 +8,7 @@
 # Prints the loss-curve differences against the 1-GPU run and the tokens/s ratio; logs and
 # metrics under $OUT (default ./multi-gpu-out). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 # RUNS picks the parts (default "test w1_k2 w2 w2_zero1 w0"; also w2_nooverlap: --no-overlap,
-# w2_mpi: the same run launched by mpirun; w2_resume: 2 GPUs, --deterministic, 40 steps straight
+# w2_mpi: the same run launched by mpirun; w2_slurm: srun's environment by hand; w2_resume: 2 GPUs, --deterministic, 40 steps straight
 # against 20 steps + checkpoint + --resume to 40, losses compared bit for bit).
 set -uo pipefail
 steps=${1:-60}
@@ -57,6 +57,19 @@ want w2_nooverlap && two_ranks w2_nooverlap --no-overlap
 # throughput baseline: 1 GPU, B=64, plain path
 want w0 && { $ng train "${common[@]}" --metrics "$out/w0.jsonl" >"$out/w0.log" 2>&1 || echo "w0 failed" | tee -a "$out/summary.txt"; }
 want w2_mpi && command -v mpirun >/dev/null && two_ranks w2_mpi
+
+# srun's environment set by hand (no Slurm here): the bootstrap path `srun nanograph train`
+# takes -- SLURM_STEP_NUM_TASKS/PROCID/LOCALID/JOB_ID/STEP_ID, no --world/--rank flags
+if want w2_slurm; then
+  rm -f nanograph-nccl-77.0
+  env SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_JOB_ID=77 SLURM_STEP_ID=0 \
+    $ng train "${common[@]}" --steps 20 >"$out/w2_slurm.rank1.log" 2>&1 &
+  p1=$!
+  env SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_JOB_ID=77 SLURM_STEP_ID=0 \
+    $ng train "${common[@]}" --steps 20 --metrics "$out/w2_slurm.jsonl" >"$out/w2_slurm.log" 2>&1
+  rc=$?; wait $p1 || rc=$?
+  echo "w2_slurm: rc $rc | $(grep -h -i -E 'rank|world|slurm' "$out/w2_slurm.log" | head -2 | tr '\n' ' ')| $(grep -h 'done:' "$out/w2_slurm.log")" | tee -a "$out/summary.txt"
+fi
 
 # checkpoint + resume on the same world size: one straight run, one stopped after step 20
 # (rank 0 writes the checkpoint) and resumed; both --deterministic, d12 B=16 per GPU
