@@ -1,12 +1,22 @@
 /*
  * kernels/encoder.cu — token + position embedding forward and its deterministic backward.
  *
- * Forward: one thread per 8 channels of one token (C/8 threads per token, several tokens per
- * block), 16-byte loads of wte and wpe.
+ * Forward, encoder_fwd_rows: C/8 threads per token (8 channels each, 16-byte loads of wte and
+ * wpe), several tokens per block, ENC_FWD_ROWS tokens per thread with all loads issued first.
  * Backward (dwte): the (token, position) pairs are sorted by token with cub's device radix sort
- * (stable, so positions stay in increasing order within a token); then one block per run of equal
- * tokens sums that token's dout rows in position order and adds the sum to dwte once. No
- * atomics, no host work: the same bytes every run, and capturable in a CUDA graph.
+ * (stable, so positions stay in increasing order within a token). The sorted slots are then cut
+ * into windows of K slots (K = 16..64, enc_window) and encoder_bwd_wte_windows runs one block
+ * per window:
+ *  - a short run of equal tokens (at most K slots) is summed whole, in position order, by the
+ *    block of the window holding its first slot, and added to dwte once;
+ *  - a long run (more than K slots: frequent tokens of real text, or the executor's warm-up with
+ *    every token equal) is cut at the window edges; each window sums its piece into its own
+ *    partial row (head: the piece of a run that began earlier; tail: a run that begins here),
+ *    and encoder_bwd_wte_combine adds a long run's pieces in window order (16 interleaved
+ *    slices, then the slices in order) and adds the total to dwte once.
+ * A window sees at most two long-run pieces (a long run is longer than a window). No atomics,
+ * no host work: the same bits every run, capturable in a CUDA graph, and no run is summed by a
+ * single block any more (the one-block-per-run version took 21 ms with all tokens equal).
  * Backward (dwpe): one thread per (t, 8 channels) sums over b in order.
  * References: llm.c encoder_backward (which sorts on the host — avoided here); CUB
  * DeviceRadixSort::SortPairs documentation.
@@ -17,25 +27,46 @@
 
 #include "kernels/encoder.h"
 
+#define ENC_FWD_ROWS 1    /* tokens per forward thread (2 and 4 measured slower on the H200) */
+#define ENC_WIN_MAX 64    /* largest window (slots of the sorted tokens per block); 32 measured
+                           * no better */
+#define ENC_BWD_THREADS 256 /* threads of a window block (128 measured 3-9% faster at d48 and
+                             * with all tokens equal, 1-2% slower at d12: not yet tested) */
+#define ENC_BWD_MINB 1    /* window blocks per SM forced by __launch_bounds__ (6 spills a little
+                           * and measured no better) */
+#define ENC_RED_SLICES 16 /* slices a long run's partial rows are split into by the combine */
+#define ENC_NONE 0xffffffffu /* "no long-run piece" marker, never a token */
 
-/* blockDim.x = C/8 threads cover a token's channels; blockDim.y tokens per block. */
-static __global__ void encoder_fwd_vec8(__nv_bfloat16 *out, const int32_t *tokens,
+/* blockDim.x = C/8 threads cover a token's channels; blockDim.y token slots per block; each
+ * thread handles tokens bt0 + y + r * blockDim.y, r < ENC_FWD_ROWS. */
+static __global__ void encoder_fwd_rows(__nv_bfloat16 *out, const int32_t *tokens,
 					const __nv_bfloat16 *wte, const __nv_bfloat16 *wpe, int T,
 					int C, int ntok)
 {
-	int bt = blockIdx.x * blockDim.y + threadIdx.y;
-	if (bt >= ntok)
-		return;
+	int bt0 = blockIdx.x * blockDim.y * ENC_FWD_ROWS + threadIdx.y;
 	int c = threadIdx.x * 8;
-	int t = bt % T;
-	int tok = tokens[bt];
-	float a[8], b[8];
-	ng_unpack8_(a, ng_load8_(wte + (size_t)tok * C + c));
-	ng_unpack8_(b, ng_load8_(wpe + (size_t)t * C + c));
+	struct ng_bf16x8 a[ENC_FWD_ROWS], b[ENC_FWD_ROWS];
 #pragma unroll
-	for (int k = 0; k < 8; k++)
-		a[k] += b[k];
-	ng_store8_(out + (size_t)bt * C + c, ng_pack8_(a));
+	for (int r = 0; r < ENC_FWD_ROWS; r++) {
+		int bt = bt0 + r * blockDim.y;
+		if (bt < ntok) {
+			a[r] = ng_load8_(wte + (size_t)tokens[bt] * C + c);
+			b[r] = ng_load8_(wpe + (size_t)(bt % T) * C + c);
+		}
+	}
+#pragma unroll
+	for (int r = 0; r < ENC_FWD_ROWS; r++) {
+		int bt = bt0 + r * blockDim.y;
+		if (bt >= ntok)
+			continue;
+		float x[8], y[8];
+		ng_unpack8_(x, a[r]);
+		ng_unpack8_(y, b[r]);
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			x[k] += y[k];
+		ng_store8_(out + (size_t)bt * C + c, ng_pack8_(x));
+	}
 }
 
 /* dst[0..8) += acc (dst 32-byte aligned: two float4). */
@@ -56,29 +87,183 @@ static __global__ void encoder_iota(uint32_t *v, int n)
 		v[i] = (uint32_t)i;
 }
 
-/* One block per sorted slot; only the first slot of each run of equal tokens works. */
-static __global__ void encoder_bwd_wte_sorted_runs(float *dwte, const __nv_bfloat16 *dout,
-						   const uint32_t *keys, const uint32_t *pos, int n,
-						   int C)
+/* acc[0..8) = sum over sorted slots j in [a, b), in order, of dout[pos[j], c..c+8); pos in
+ * shared memory. Four rows' loads in flight before their adds (the adds stay in slot order). */
+static __device__ __forceinline__ void sum_rows8(float acc[8], const __nv_bfloat16 *__restrict__ dout,
+						 const uint32_t *pos, int a, int b, int C, int c)
 {
-	int i = blockIdx.x;
-	uint32_t tok = keys[i];
-	if (i > 0 && keys[i - 1] == tok)
-		return;
-	int end = i + 1;
-	while (end < n && keys[end] == tok)
-		end++;
-	for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
-		float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-		for (int j = i; j < end; j++) {
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		acc[k] = 0.0f;
+	int j = a;
+	for (; j + 4 <= b; j += 4) {
+		struct ng_bf16x8 v[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+			v[u] = ng_load8_(dout + (size_t)pos[j + u] * C + c);
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
 			float d[8];
-			ng_unpack8_(d, ng_load8_(dout + (size_t)pos[j] * C + c));
+			ng_unpack8_(d, v[u]);
 #pragma unroll
 			for (int k = 0; k < 8; k++)
 				acc[k] += d[k];
 		}
-		add8_f32(dwte + (size_t)tok * C + c, acc);
 	}
+	for (; j < b; j++) {
+		float d[8];
+		ng_unpack8_(d, ng_load8_(dout + (size_t)pos[j] * C + c));
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			acc[k] += d[k];
+	}
+}
+
+/* One block per window of K sorted slots [s0, s0 + K). Keys of slots [s0 - K, s0 + 2K) and
+ * positions of [s0, s0 + 2K) are staged in shared memory (enough to classify every run that
+ * touches the window and to sum every short run that starts in it). Warp 0 finds the pieces
+ * (each lane looks at slots lane and lane + 32; a ballot puts them in slot order); then every
+ * thread takes (piece, 8 channels) items, so a window of many short runs keeps many rows in
+ * flight. part: (2 * nwin, C) fp32, row 2w the head piece, 2w + 1 the tail piece;
+ * head_tok/tail_tok (nwin): the piece's token or ENC_NONE. */
+static __global__ void __launch_bounds__(ENC_BWD_THREADS, ENC_BWD_MINB) encoder_bwd_wte_windows(float *__restrict__ dwte, float *__restrict__ part,
+					       uint32_t *head_tok, uint32_t *tail_tok,
+					       const __nv_bfloat16 *__restrict__ dout,
+					       const uint32_t *keys, const uint32_t *pos, int n,
+					       int C, int K)
+{
+	__shared__ uint32_t sk[3 * ENC_WIN_MAX]; /* keys of slots s0 - K + i */
+	__shared__ uint32_t sp[2 * ENC_WIN_MAX]; /* positions of slots s0 + i */
+	__shared__ int2 pieces[ENC_WIN_MAX];     /* [first slot, end slot) of each piece */
+	__shared__ int kinds[ENC_WIN_MAX];       /* 0: whole short run, 1: head, 2: tail */
+	__shared__ int npieces;
+	int w = blockIdx.x, s0 = w * K, s1 = min(s0 + K, n), ns = s1 - s0;
+	for (int i = threadIdx.x; i < 3 * K; i += blockDim.x) {
+		int s = s0 - K + i;
+		sk[i] = (s >= 0 && s < n) ? keys[s] : ENC_NONE;
+		if (i < 2 * K)
+			sp[i] = (s0 + i < n) ? pos[s0 + i] : 0u;
+	}
+	__syncthreads();
+	if (threadIdx.x < NG_WARP) {
+		const uint32_t *k = sk + K; /* k[i] = key of slot s0 + i, i in [-K, 2K) */
+		int lane = threadIdx.x, base = 0;
+		unsigned any_head = 0, any_tail = 0;
+		for (int half = 0; half < 2; half++) {
+			int i = lane + half * NG_WARP, kind = -1, e = 0;
+			uint32_t key = ENC_NONE;
+			if (i < ns && (i == 0 || k[i - 1] != k[i])) {
+				key = k[i];
+				int st = i;
+				while (st > -K && k[st - 1] == key)
+					st--;
+				/* st: the run's first slot, or -K if it begins at or before s0 - K; either
+				 * way the run is long (more than K slots) iff slot st + K holds the key */
+				int is_long = k[st + K] == key;
+				e = i + 1;
+				while (e < ns && k[e] == key)
+					e++;
+				if (!is_long && st == i) { /* a short run starting here may end past s1 */
+					while (e < 2 * K && k[e] == key)
+						e++;
+					kind = 0;
+				} else if (is_long) {
+					kind = st < 0 ? 1 : 2;
+				} /* else: a short run the previous window sums */
+			}
+			unsigned m = __ballot_sync(0xffffffffu, kind >= 0);
+			any_head |= __ballot_sync(0xffffffffu, kind == 1);
+			any_tail |= __ballot_sync(0xffffffffu, kind == 2);
+			if (kind >= 0) {
+				int q = base + __popc(m & ((1u << lane) - 1u));
+				pieces[q] = make_int2(i, e);
+				kinds[q] = kind;
+				if (kind == 1)
+					head_tok[w] = key;
+				if (kind == 2)
+					tail_tok[w] = key;
+			}
+			base += __popc(m);
+		}
+		if (lane == 0) {
+			npieces = base;
+			if (!any_head)
+				head_tok[w] = ENC_NONE;
+			if (!any_tail)
+				tail_tok[w] = ENC_NONE;
+		}
+	}
+	__syncthreads();
+	int c8 = C / 8, nitems = npieces * c8;
+	for (int it = threadIdx.x; it < nitems; it += blockDim.x) {
+		int q = it / c8, c = (it - q * c8) * 8;
+		int2 pc = pieces[q];
+		int kind = kinds[q];
+		float *dst = kind == 0 ? dwte + (size_t)sk[K + pc.x] * C + c
+				       : part + (size_t)(2 * w + (kind == 2)) * C + c;
+		float4 o0 = make_float4(0.f, 0.f, 0.f, 0.f), o1 = o0;
+		if (kind == 0) { /* dwte's old value, loaded alongside the rows */
+			o0 = reinterpret_cast<const float4 *>(dst)[0];
+			o1 = reinterpret_cast<const float4 *>(dst)[1];
+		}
+		float acc[8];
+		sum_rows8(acc, dout, sp, pc.x, pc.y, C, c);
+		o0.x += acc[0], o0.y += acc[1], o0.z += acc[2], o0.w += acc[3];
+		o1.x += acc[4], o1.y += acc[5], o1.z += acc[6], o1.w += acc[7];
+		reinterpret_cast<float4 *>(dst)[0] = o0;
+		reinterpret_cast<float4 *>(dst)[1] = o1;
+	}
+}
+
+/* Block (32, ENC_RED_SLICES), grid (nwin, ceil(C / 256)): the block of window w with a tail
+ * piece adds that long run's pieces (tail of w, heads of w + 1 .. the run's last window) to
+ * dwte. Slice y sums pieces y, y + 16, ... in order; row 0 then adds the slices in order. */
+static __global__ void encoder_bwd_wte_combine(float *dwte, const float *part,
+					       const uint32_t *head_tok, const uint32_t *tail_tok,
+					       const uint32_t *keys, int n, int C, int K)
+{
+	__shared__ float sh[ENC_RED_SLICES][NG_WARP * 8 + 4];
+	__shared__ int last_win;
+	int w = blockIdx.x;
+	uint32_t key = tail_tok[w];
+	if (key == ENC_NONE)
+		return;
+	if (threadIdx.x == 0 && threadIdx.y == 0) {
+		/* the run's end: the first slot after window w's start holding a larger key (keys
+		 * sorted ascending; the run starts inside window w) */
+		int lo = w * K, hi = n;
+		while (lo < hi) {
+			int mid = lo + (hi - lo) / 2;
+			if (keys[mid] <= key)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		last_win = (lo - 1) / K;
+	}
+	__syncthreads();
+	int npc = last_win - w + 1;
+	int c = (blockIdx.y * NG_WARP + threadIdx.x) * 8;
+	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	if (c < C)
+		for (int q = threadIdx.y; q < npc; q += ENC_RED_SLICES) {
+			size_t row = q == 0 ? 2 * (size_t)w + 1 : 2 * (size_t)(w + q);
+			float4 x = *reinterpret_cast<const float4 *>(part + row * C + c);
+			float4 y = *reinterpret_cast<const float4 *>(part + row * C + c + 4);
+			acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
+			acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+		}
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		sh[threadIdx.y][threadIdx.x * 8 + k] = acc[k];
+	__syncthreads();
+	if (threadIdx.y != 0 || c >= C)
+		return;
+	for (int y = 1; y < ENC_RED_SLICES; y++)
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			acc[k] += sh[y][threadIdx.x * 8 + k];
+	add8_f32(dwte + (size_t)key * C + c, acc);
 }
 
 static __global__ void encoder_bwd_wpe_sum_over_batch(float *dwpe, const __nv_bfloat16 *dout,
@@ -89,6 +274,7 @@ static __global__ void encoder_bwd_wpe_sum_over_batch(float *dwpe, const __nv_bf
 	if (c >= C)
 		return;
 	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 4
 	for (int b = 0; b < B; b++) {
 		float d[8];
 		ng_unpack8_(d, ng_load8_(dout + ((size_t)b * T + t) * C + c));
@@ -101,6 +287,16 @@ static __global__ void encoder_bwd_wpe_sum_over_batch(float *dwpe, const __nv_bf
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* Window size: 64 slots, fewer when that leaves under four blocks per SM of an H200 (the
+ * choice depends only on n, so the summation order is the same on every device). */
+static int enc_window(int n)
+{
+	int k = ENC_WIN_MAX;
+	while (k > 16 && (n + k - 1) / k < 4 * 132)
+		k /= 2;
+	return k;
+}
+
 /* Bytes cub needs to sort n pairs over key bits [0, end_bit). */
 static size_t sort_temp_bytes(int n, int end_bit)
 {
@@ -111,11 +307,33 @@ static size_t sort_temp_bytes(int n, int end_bit)
 	return bytes;
 }
 
+/* The scratch layout: sorted keys, positions in, positions out, head/tail tokens (nwin each),
+ * the pieces' partial rows (2 nwin, C) fp32, cub's temporary storage. */
+struct enc_scratch {
+	size_t nb;    /* bytes of one (n) uint32 array, aligned */
+	size_t tokb;  /* bytes of one (nwin) uint32 array, aligned */
+	size_t partb; /* bytes of the partial rows */
+	size_t temp;  /* cub's bytes (32 key bits: enough for any Vp) */
+	size_t total; /* all of it */
+};
+
+static struct enc_scratch enc_scratch_layout(int B, int T, int C)
+{
+	struct enc_scratch s;
+	int n = B * T, k = enc_window(n), nwin = (n + k - 1) / k;
+	s.nb = align256((size_t)n * sizeof(uint32_t));
+	s.tokb = align256((size_t)nwin * sizeof(uint32_t));
+	s.partb = align256(2 * (size_t)nwin * C * sizeof(float));
+	s.temp = align256(sort_temp_bytes(n, 32));
+	s.total = 3 * s.nb + 2 * s.tokb + s.partb + s.temp;
+	return s;
+}
+
 extern "C" size_t ng_encoder_bwd_scratch_bytes(int B, int T, int C)
 {
-	(void)C;
-	size_t n = (size_t)B * T;
-	return 3 * align256(n * sizeof(uint32_t)) + align256(sort_temp_bytes((int)n, 32));
+	if (B <= 0 || T <= 0 || C <= 0)
+		return 0;
+	return enc_scratch_layout(B, T, C).total;
 }
 
 static enum ng_status check_shape(const char *who, int B, int T, int C)
@@ -140,11 +358,12 @@ extern "C" enum ng_status ng_encoder_fwd(ng_bf16 *out, const int32_t *tokens, co
 	if (C / 8 > 1024)
 		return ng_check_arg_fail("ng_encoder_fwd", "C=%d is above 8192", C);
 	int ntok = B * T, per = C / 8 >= 256 ? 1 : 256 / (C / 8);
+	int tpb = per * ENC_FWD_ROWS; /* tokens per block */
 	dim3 block((unsigned)(C / 8), (unsigned)per);
-	encoder_fwd_vec8<<<(ntok + per - 1) / per, block, 0, s>>>(
+	encoder_fwd_rows<<<(ntok + tpb - 1) / tpb, block, 0, s>>>(
 		(__nv_bfloat16 *)out, tokens, (const __nv_bfloat16 *)wte, (const __nv_bfloat16 *)wpe,
 		T, C, ntok);
-	return NG_LAUNCH_CHECK("encoder_fwd_vec8");
+	return NG_LAUNCH_CHECK("encoder_fwd_rows");
 }
 
 extern "C" enum ng_status ng_encoder_bwd(float *dwte, float *dwpe, const ng_bf16 *dout,
@@ -160,34 +379,41 @@ extern "C" enum ng_status ng_encoder_bwd(float *dwte, float *dwpe, const ng_bf16
 	if (!ng_aligned16_(dwte) || !ng_aligned16_(dwpe) || !ng_aligned16_(dout) ||
 	    !ng_aligned16_(scratch))
 		return ng_check_arg_fail(who, "dwte/dwpe/dout/scratch must be 16-byte aligned");
-	int n = B * T;
+	int n = B * T, K = enc_window(n), nwin = (n + K - 1) / K;
 	int end_bit = 1;
 	while (end_bit < 32 && ((uint32_t)(Vp - 1) >> end_bit) != 0)
 		end_bit++;
-	size_t nb = align256((size_t)n * sizeof(uint32_t));
-	size_t temp = sort_temp_bytes(n, end_bit);
-	if (scratch_bytes < 3 * nb + temp)
-		return ng_check_arg_fail(who, "scratch is %zu bytes, need %zu (B=%d T=%d)",
-					 scratch_bytes, 3 * nb + temp, B, T);
+	struct enc_scratch L = enc_scratch_layout(B, T, C);
+	if (scratch_bytes < L.total)
+		return ng_check_arg_fail(who, "scratch is %zu bytes, need %zu (B=%d T=%d C=%d)",
+					 scratch_bytes, L.total, B, T, C);
 	char *p = (char *)scratch;
 	uint32_t *keys_out = (uint32_t *)p;
-	uint32_t *pos_in = (uint32_t *)(p + nb);
-	uint32_t *pos_out = (uint32_t *)(p + 2 * nb);
-	void *tmp = p + 3 * nb;
+	uint32_t *pos_in = (uint32_t *)(p + L.nb);
+	uint32_t *pos_out = (uint32_t *)(p + 2 * L.nb);
+	uint32_t *head_tok = (uint32_t *)(p + 3 * L.nb);
+	uint32_t *tail_tok = (uint32_t *)(p + 3 * L.nb + L.tokb);
+	float *part = (float *)(p + 3 * L.nb + 2 * L.tokb);
+	void *tmp = p + 3 * L.nb + 2 * L.tokb + L.partb;
 
 	encoder_iota<<<(n + 255) / 256, 256, 0, s>>>(pos_in, n);
 	if ((st = NG_LAUNCH_CHECK("encoder_iota")))
 		return st;
-	size_t tb = temp;
+	size_t tb = L.temp;
 	if ((st = NG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
 		     tmp, tb, (const uint32_t *)tokens, keys_out, (const uint32_t *)pos_in, pos_out,
 		     n, 0, end_bit, s))))
 		return st;
 	int c8 = C / 8;
-	int threads = c8 < 1024 ? ((c8 + 31) / 32) * 32 : 1024;
-	encoder_bwd_wte_sorted_runs<<<n, threads, 0, s>>>(dwte, (const __nv_bfloat16 *)dout,
-							   keys_out, pos_out, n, C);
-	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_sorted_runs")))
+	encoder_bwd_wte_windows<<<nwin, ENC_BWD_THREADS, 0, s>>>(dwte, part, head_tok, tail_tok,
+							  (const __nv_bfloat16 *)dout, keys_out,
+							  pos_out, n, C, K);
+	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_windows")))
+		return st;
+	dim3 cgrid((unsigned)nwin, (unsigned)((c8 + NG_WARP - 1) / NG_WARP)), cblock(NG_WARP, ENC_RED_SLICES);
+	encoder_bwd_wte_combine<<<cgrid, cblock, 0, s>>>(dwte, part, head_tok, tail_tok, keys_out, n,
+							 C, K);
+	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_combine")))
 		return st;
 	int tw = c8 < 128 ? ((c8 + 31) / 32) * 32 : 128;
 	dim3 g((unsigned)T, (unsigned)((c8 + tw - 1) / tw));

@@ -2,9 +2,10 @@
  * tests/test_encoder.c — token + position embedding (kernels/encoder.h) against
  * ng_ref_encoder_fwd/bwd (graph/cpu_ops.h, double).
  * Forward: bf16 output vs the rounded reference, 1 ulp. Backward: the FlashAttention rule against
- * a naive fp32 loop over positions, onto nonzero random dwte/dwpe ("+="), tokens with heavy
- * repeats (long runs for the sort-and-segment path); and bit-identical over two runs.
- * Shapes: T = 1, C = 776 (8 x 97), Vp = 50304 and 50257, B*T = 4096.
+ * a naive fp32 loop over positions, onto nonzero random dwte/dwpe ("+="), with tokens uniform,
+ * with heavy repeats, all equal, or Zipfian (long runs that the backward cuts into windows and
+ * recombines); and bit-identical over two runs.
+ * Shapes: T = 1, C = 776 (8 x 97), 200, 24, 8, Vp = 50304, 50257, 1, B*T up to 65536.
  */
 #include <criterion/criterion.h>
 
@@ -12,13 +13,47 @@
 #include "kernels/encoder.h"
 #include "tests/kernel_testing.h"
 
-/* Random tokens in [0, Vp); with `hot`, half of them are drawn from 3 tokens. */
-static int32_t *random_tokens(struct ng_rng *r, int n, int Vp, int hot)
+/* How the backward tests draw tokens. */
+enum tok_mode {
+	TOK_MODE_UNIFORM, /* uniform over [0, Vp) */
+	TOK_MODE_HOT,     /* half uniform, half from tokens 0..2 (long runs) */
+	TOK_MODE_EQUAL,   /* every token the same random one (the executor's warm-up) */
+	TOK_MODE_ZIPF,    /* p(token r) ~ 1/(r+1): real text's frequent tokens */
+};
+
+/* Random tokens in [0, Vp) drawn as `mode` says. */
+static int32_t *random_tokens(struct ng_rng *r, int n, int Vp, enum tok_mode mode)
 {
 	int32_t *t = (int32_t *)kt_xmalloc((size_t)n * sizeof(int32_t));
-	for (int i = 0; i < n; i++)
-		t[i] = (hot && ng_rng_below(r, 2)) ? (int32_t)ng_rng_below(r, 3)
-						   : (int32_t)ng_rng_below(r, (uint64_t)Vp);
+	double *cdf = NULL;
+	if (mode == TOK_MODE_ZIPF) {
+		cdf = (double *)kt_xmalloc((size_t)Vp * sizeof(double));
+		double acc = 0.0;
+		for (int v = 0; v < Vp; v++)
+			cdf[v] = acc += 1.0 / (v + 1);
+	}
+	int32_t same = (int32_t)ng_rng_below(r, (uint64_t)Vp);
+	for (int i = 0; i < n; i++) {
+		if (mode == TOK_MODE_EQUAL) {
+			t[i] = same;
+		} else if (mode == TOK_MODE_ZIPF) {
+			double u = ng_rng_uniform(r) * cdf[Vp - 1];
+			int lo = 0, hi = Vp - 1; /* first v with cdf[v] >= u */
+			while (lo < hi) {
+				int mid = (lo + hi) / 2;
+				if (cdf[mid] >= u)
+					hi = mid;
+				else
+					lo = mid + 1;
+			}
+			t[i] = lo;
+		} else {
+			t[i] = (mode == TOK_MODE_HOT && ng_rng_below(r, 2))
+				       ? (int32_t)ng_rng_below(r, 3)
+				       : (int32_t)ng_rng_below(r, (uint64_t)Vp);
+		}
+	}
+	free(cdf);
 	return t;
 }
 
@@ -32,7 +67,7 @@ static void encoder_fwd_case(int B, int T, int C, int Vp)
 	double *wte_d = kt_xmalloc(nwte * 8), *wpe_d = kt_xmalloc(nwpe * 8), *ref = kt_xmalloc(nout * 8);
 	kt_fill_bf16(&r, wte, wte_d, nwte, 0.0, 0.5);
 	kt_fill_bf16(&r, wpe, wpe_d, nwpe, 0.1, 0.3);
-	int32_t *tok = random_tokens(&r, B * T, Vp, 0);
+	int32_t *tok = random_tokens(&r, B * T, Vp, TOK_MODE_UNIFORM);
 	ng_ref_encoder_fwd(ref, tok, wte_d, wpe_d, B, T, C);
 
 	void *d_wte = kt_upload(wte, nwte * 2), *d_wpe = kt_upload(wpe, nwpe * 2);
@@ -46,7 +81,7 @@ static void encoder_fwd_case(int B, int T, int C, int Vp)
 	free(wte), free(wpe), free(out), free(wte_d), free(wpe_d), free(ref), free(tok);
 }
 
-static void encoder_bwd_case(int B, int T, int C, int Vp, int hot)
+static void encoder_bwd_case(int B, int T, int C, int Vp, enum tok_mode hot)
 {
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
@@ -91,7 +126,8 @@ static void encoder_bwd_case(int B, int T, int C, int Vp, int hot)
 		kt_download(got_pe[run], d_pe, nwpe * 4);
 	}
 	char what[128];
-	snprintf(what, sizeof(what), "encoder_bwd dwte B=%d T=%d C=%d Vp=%d hot=%d", B, T, C, Vp, hot);
+	snprintf(what, sizeof(what), "encoder_bwd dwte B=%d T=%d C=%d Vp=%d token mode %d", B, T, C, Vp,
+		 (int)hot);
 	double *g = kt_f2d(got_te[0], nwte), *nv = kt_f2d(nv_te, nwte);
 	check_fa_(what, seed, g, nv, ref_te, nwte, 1e-6);
 	free(g), free(nv);
@@ -123,10 +159,25 @@ Test(encoder, bwd_shapes_and_determinism)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	encoder_bwd_case(4, 64, 768, 50304, 0);
-	encoder_bwd_case(16, 256, 776, 1000, 1);
-	encoder_bwd_case(5, 1, 776, 50257, 1);
-	encoder_bwd_case(2, 37, 8, 131, 1);
+	encoder_bwd_case(4, 64, 768, 50304, TOK_MODE_UNIFORM);
+	encoder_bwd_case(16, 256, 776, 1000, TOK_MODE_HOT);
+	encoder_bwd_case(5, 1, 776, 50257, TOK_MODE_HOT);
+	encoder_bwd_case(2, 37, 8, 131, TOK_MODE_HOT);
+}
+
+/* Long runs cut into windows and recombined: every token equal (one run over every window),
+ * Zipfian tokens (several long runs, window edges inside and between them), at window sizes
+ * 64 (n = 65536, the d12 batch), 32 and 16. */
+Test(encoder, bwd_long_runs)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	encoder_bwd_case(8, 1024, 776, 1000, TOK_MODE_EQUAL);
+	encoder_bwd_case(7, 1, 24, 5, TOK_MODE_EQUAL);
+	encoder_bwd_case(3, 1000, 200, 50257, TOK_MODE_ZIPF);
+	encoder_bwd_case(20, 1000, 40, 50304, TOK_MODE_ZIPF);
+	encoder_bwd_case(64, 1024, 8, 2000, TOK_MODE_ZIPF);
+	encoder_bwd_case(64, 1024, 16, 1, TOK_MODE_EQUAL);
 }
 
 Test(encoder, bad_shape_is_an_input_error)

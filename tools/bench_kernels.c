@@ -7,9 +7,12 @@
  * rotate over enough copies that each launch's working set exceeds 256 MB (L2 is 60 MB), so the
  * figures are HBM figures. Bytes are the minimum traffic of the operation (each input read once,
  * each output written once), so "% of 4.28 TB/s" is against the copy bandwidth of GPU.md;
- * encoder_bwd gets a second line counting what its sort-based implementation moves.
+ * encoder_bwd gets a second line counting what its sort-based implementation moves, and two more
+ * with real-text-like tokens: Zipfian (p(rank r) ~ 1/r over V, so ',' and ' the'-like tokens
+ * fill thousands of rows) and every token equal (the executor's warm-up batch).
  * Buffers hold a constant bit pattern (0x3c3c..: small finite values) except tokens and targets.
- * Usage: bench_kernels [d12|d48]... (default both). Prints one line per kernel.
+ * Usage: bench_kernels [--only SUBSTR] [d12|d48]... (default both): one line per kernel, only
+ * the kernels whose name contains SUBSTR with --only.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -42,6 +45,7 @@ struct bench {
 	size_t used;            /* bump offset */
 	int32_t *tokens;        /* device (N) tokens, random in [0, V) */
 	int32_t *targets;       /* device (N) targets */
+	int32_t *bwd_tokens;    /* device (N) tokens encoder_bwd reads (tokens, or a Zipf/equal set) */
 	struct ng_step_state *st; /* device step state */
 	int copies;             /* rotation copies of the kernel being timed */
 };
@@ -82,10 +86,14 @@ static int cmp_float(const void *a, const void *b)
 /* One kernel: a launcher taking the rotation index. */
 typedef enum ng_status (*launch_fn)(struct bench *b, int rot, void *arg);
 
-/* Times one kernel, prints its line and returns the median seconds. */
+static const char *only_kernels; /* --only SUBSTR: time only the kernels whose name has it */
+
+/* Times one kernel, prints its line and returns the median seconds (0 when --only skips it). */
 static double time_kernel(struct bench *b, const char *kernel, double bytes, launch_fn fn,
 			  void *arg)
 {
+	if (only_kernels && !strstr(kernel, only_kernels))
+		return 0.0;
 	cudaEvent_t e0, e1;
 	cudaEventCreate(&e0);
 	cudaEventCreate(&e1);
@@ -134,7 +142,7 @@ static enum ng_status l_encoder_fwd(struct bench *b, int r, void *a)
 static enum ng_status l_encoder_bwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_encoder_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->tokens, b->B, b->T, b->C,
+	return ng_encoder_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->bwd_tokens, b->B, b->T, b->C,
 			      b->Vp, x->p[3], x->sz[3], 0);
 }
 static enum ng_status l_ln_fwd(struct bench *b, int r, void *a)
@@ -222,6 +230,41 @@ static void setup(struct bench *b, struct bufs *x, double ws, int k, const size_
 	}
 }
 
+/* Fills h[0..n) with tokens p(rank r) ~ 1/r over [0, V) (mode 0) or all equal to a random token
+ * (mode 1); returns the number of distinct tokens. */
+static size_t zipf_or_equal_tokens(int32_t *h, size_t n, int V, int mode, struct ng_rng *rng)
+{
+	if (mode == 1) {
+		int32_t v = (int32_t)ng_rng_below(rng, (uint64_t)V);
+		for (size_t i = 0; i < n; i++)
+			h[i] = v;
+		return 1;
+	}
+	double *cdf = malloc((size_t)V * sizeof(double));
+	char *seen = calloc((size_t)V, 1);
+	double acc = 0.0;
+	for (int v = 0; v < V; v++)
+		cdf[v] = acc += 1.0 / (v + 1);
+	size_t uniq = 0;
+	for (size_t i = 0; i < n; i++) {
+		double u = ng_rng_uniform(rng) * acc;
+		int lo = 0, hi = V - 1;
+		while (lo < hi) {
+			int mid = (lo + hi) / 2;
+			if (cdf[mid] >= u)
+				hi = mid;
+			else
+				lo = mid + 1;
+		}
+		h[i] = lo;
+		uniq += !seen[lo];
+		seen[lo] = 1;
+	}
+	free(cdf);
+	free(seen);
+	return uniq;
+}
+
 static void run_shape(const char *preset, int B)
 {
 	struct ng_gpt_config cfg;
@@ -279,14 +322,28 @@ static void run_shape(const char *preset, int B)
 	setup(b, &x, by, 4, (size_t[]){wte * 4, wpe * 4, act, 0});
 	x.sz[3] = ng_encoder_bwd_scratch_bytes(b->B, b->T, b->C);
 	x.p[3] = carve(b, x.sz[3]);
-	double t = time_kernel(b, "encoder_bwd (sort+runs)", by, l_encoder_bwd, &x);
+	b->bwd_tokens = b->tokens;
+	double t = time_kernel(b, "encoder_bwd (sort+windows)", by, l_encoder_bwd, &x);
 	/* What this implementation moves: dout twice (the dwte gather and the dwpe sum), dwte and
 	 * dwpe read and written, and the sort's traffic: iota (4n), histogram (4n), two 8-bit
 	 * onesweep passes over keys+values (2 x 16n), the run kernel's keys and positions (~12n). */
 	double impl = 2.0 * act + 2.0 * uniq * C * 4 + 2.0 * wpe * 4 + 52.0 * N;
-	printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB moved by this "
-	       "implementation)\n", b->name, "  same, implementation bytes", t * 1e6, impl / t / 1e9,
-	       100.0 * impl / t / COPY_BW, impl / 1e6);
+	if (t > 0)
+		printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB moved by this "
+		       "implementation)\n", b->name, "  same, implementation bytes", t * 1e6,
+		       impl / t / 1e9, 100.0 * impl / t / COPY_BW, impl / 1e6);
+	/* real-text-like token sets: Zipfian over V, and every token equal */
+	for (int mode = 0; mode < 2; mode++) {
+		int32_t *h2 = malloc(N * 4);
+		size_t uq = zipf_or_equal_tokens(h2, N, b->V, mode, &rng);
+		cudaMemcpy(b->bwd_tokens = b->targets, h2, N * 4, cudaMemcpyHostToDevice);
+		free(h2);
+		by = act + 2.0 * uq * C * 4 + 2.0 * wpe * 4;
+		time_kernel(b, mode == 0 ? "encoder_bwd zipf tokens" : "encoder_bwd all equal tokens", by,
+			    l_encoder_bwd, &x);
+	}
+	cudaMemcpy(b->targets, b->tokens, N * 4, cudaMemcpyDeviceToDevice);
+	b->bwd_tokens = b->tokens;
 
 	by = 2.0 * act + 8.0 * N;
 	setup(b, &x, by, 5, (size_t[]){act, N * 4, N * 4, act, 0});
@@ -366,11 +423,16 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("# shape kernel  median-time  GB/s  %%-of-copy-bandwidth  (bytes moved, rotation)\n");
-	if (argc < 2) {
+	int first = 1;
+	if (argc >= 3 && strcmp(argv[1], "--only") == 0) {
+		only_kernels = argv[2];
+		first = 3;
+	}
+	if (argc <= first) {
 		run_shape("d12", 64);
 		run_shape("d48", 16);
 	}
-	for (int i = 1; i < argc; i++)
+	for (int i = first; i < argc; i++)
 		run_shape(argv[i], strcmp(argv[i], "d12") == 0 ? 64 : 16);
 	return 0;
 }
