@@ -20,8 +20,27 @@
 void ng_step_default_options(struct ng_step_options *opt)
 {
 	memset(opt, 0, sizeof(*opt));
-	opt->fuse_gelu = 1;
+	opt->fuse_gelu = NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD;
 	opt->align = 256;
+}
+
+static const char *const gelu_names[4] = { "none", "fwd", "bwd", "fwd,bwd" };
+
+enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
+{
+	for (int m = 0; m < 4; m++)
+		if (strcmp(what, gelu_names[m]) == 0 || (m == 3 && strcmp(what, "bwd,fwd") == 0)) {
+			*mask = m;
+			return NG_OK;
+		}
+	ng_fail(NG_ERR_INPUT, "--gelu-fusion '%s': not fwd,bwd | fwd | bwd | none", what);
+	ng_hint("fwd: GELU as the FC matmul's epilogue; bwd: DGELU as the FC-proj backward's");
+	return NG_ERR_INPUT;
+}
+
+const char *ng_step_gelu_fusion_name(int mask)
+{
+	return gelu_names[mask & 3];
 }
 
 void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,
@@ -226,7 +245,7 @@ static void build_forward(struct bld *b, struct fwd_out *f, int sample)
 		emit_p(b, op, 0);
 		a->fch = lact(b, l, "fch", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		a->fch_gelu = lact(b, l, "fch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);
-		if (g->fuse_gelu) {
+		if (g->fuse_gelu & NG_GELU_FUSE_FWD) {
 			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch_gelu, a->fch);
 		} else {
 			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch, -1);
@@ -361,7 +380,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 			emit(b, &op, 0);
 		}
 		int dfch = lact(b, l, "dfch", NG_DTYPE_BF16, 3, B, T, 4 * C);
-		if (g->fuse_gelu) {
+		if (g->fuse_gelu & NG_GELU_FUSE_BWD) {
 			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dfch, a->fch);
 		} else {
 			int dgelu = lact(b, l, "dfch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);

@@ -45,11 +45,19 @@ struct ng_step_options {
 	int recompute_gelu;      /* 1: do not keep GELU outputs; recompute them in the backward */
 	int recompute_layernorm; /* 1: do not keep LN1/LN2 outputs; recompute from mean/rstd */
 	int head_chunk_rows;     /* rows per classifier chunk; 0 = whole B*T (clamped to B*T) */
-	int fuse_gelu;           /* 1: GELU as the FC matmul epilogue (and DGELU in its backward) */
+	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
+				  * DGELU as the FC-proj dinp matmul's epilogue (BWD) */
 	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
 	size_t align;            /* arena alignment in bytes; 0 = 256 */
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };
+
+enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2 };
+
+/* "fwd,bwd" | "fwd" | "bwd" | "none" -> NG_GELU_FUSE_* bits; NG_ERR_INPUT otherwise. */
+enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
+/* The bits back as text ("fwd,bwd" ...). */
+const char *ng_step_gelu_fusion_name(int mask);
 
 /* Defaults: no recompute, whole-batch classifier, fused GELU, not deterministic, 256 B. */
 void ng_step_default_options(struct ng_step_options *opt);

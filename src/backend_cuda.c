@@ -122,8 +122,8 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		c->step.recompute_layernorm = strstr(o->recompute, "layernorm") != NULL;
 	}
 	c->step.head_chunk_rows = (int)o->head_chunk;
-	if (o->no_fuse_gelu)
-		c->step.fuse_gelu = 0;
+	if (o->gelu_fusion)
+		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
 }
 
 enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train_opts *o)

@@ -27,7 +27,7 @@
 struct plan_args {
 	const char *recompute; /* "gelu,layernorm", "gelu", "layernorm", "none" */
 	long long head_chunk;  /* rows per classifier chunk, 0 = whole */
-	bool no_fuse_gelu;     /* GELU as its own kernel */
+	const char *gelu;      /* --gelu-fusion: fwd,bwd | fwd | bwd | none */
 	bool deterministic;    /* deterministic reductions */
 	long long align;       /* arena alignment, bytes */
 	const char *step;      /* "train", "eval", "sample" */
@@ -46,8 +46,8 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		  "recompute in the backward: gelu,layernorm | gelu | layernorm | none", false },
 		{ "--head-chunk", NG_FLAG_INT, &a->head_chunk, 0, 1 << 30, "ROWS",
 		  "classifier rows per chunk (0 = all B*T rows at once)", false },
-		{ "--no-fuse-gelu", NG_FLAG_BOOL, &a->no_fuse_gelu, 0, 0, NULL,
-		  "GELU as its own kernel instead of the FC matmul epilogue", false },
+		{ "--gelu-fusion", NG_FLAG_STRING, &a->gelu, 0, 0, "WHAT",
+		  "GELU / DGELU as matmul epilogues: fwd,bwd | fwd | bwd | none (fwd,bwd)", false },
 		{ "--deterministic", NG_FLAG_BOOL, &a->deterministic, 0, 0, NULL,
 		  "deterministic reductions (bigger workspaces)", false },
 		{ "--align", NG_FLAG_INT, &a->align, 1, 1 << 20, "BYTES",
@@ -94,7 +94,8 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 	if ((st = parse_recompute(pa->recompute, &o)))
 		return st;
 	o.head_chunk_rows = (int)pa->head_chunk;
-	o.fuse_gelu = !pa->no_fuse_gelu;
+	if (pa->gelu && (st = ng_step_parse_gelu_fusion(pa->gelu, &o.fuse_gelu)))
+		return st;
 	o.deterministic = pa->deterministic;
 	o.align = (size_t)pa->align;
 	if (pa->align & (pa->align - 1))
@@ -186,9 +187,9 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	       c->C, c->T, c->V, c->Vp, g->lay.n_params);
 	printf("batch: B=%d T=%d K=%d (%lld tokens per step)\n", sh->B, sh->T, sh->K,
 	       (long long)sh->B * sh->T * sh->K);
-	printf("options: recompute %s, classifier chunk %d rows%s, GELU %s, align %zu B\n\n",
+	printf("options: recompute %s, classifier chunk %d rows%s, GELU fused %s, align %zu B\n\n",
 	       pa->recompute, g->head_chunk_rows, g->head_chunk_rows == g->B * g->T ? " (whole)" : "",
-	       g->fuse_gelu ? "fused" : "separate", g->align);
+	       ng_step_gelu_fusion_name(g->fuse_gelu), g->align);
 	printf("  %-34s %10.1f MiB\n", "parameters (fp32 + bf16 copy)", s->params / MIB);
 	printf("  %-34s %10.1f MiB\n", "gradients (fp32)", s->grads / MIB);
 	printf("  %-34s %10.1f MiB\n", "optimizer state (AdamW m, v)", s->optimizer / MIB);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "graph/step.h"
 #include "kernels/check.h"
 #include "src/commands.h"
 #include "src/dist.h"
@@ -74,8 +75,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "none (none)", false },
 		{ "--head-chunk", NG_FLAG_INT, &o.head_chunk, 0, 1 << 30, "ROWS",
 		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (0)", false },
-		{ "--no-fuse-gelu", NG_FLAG_BOOL, &o.no_fuse_gelu, 0, 0, NULL,
-		  "GPU: GELU and its gradient as kernels of their own, not matmul epilogues", false },
+		{ "--gelu-fusion", NG_FLAG_STRING, &o.gelu_fusion, 0, 0, "WHAT",
+		  "GPU: GELU / DGELU as matmul epilogues: fwd,bwd | fwd | bwd | none (fwd,bwd)", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
 		{ "--world", NG_FLAG_INT, &da.world, 1, 1 << 20, "N",
@@ -124,6 +125,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	    strcmp(o.recompute, "gelu,layernorm") != 0 && strcmp(o.recompute, "layernorm,gelu") != 0)
 		return ng_fail(NG_ERR_INPUT, "train --recompute: '%s' is not gelu,layernorm | gelu | "
 			       "layernorm | none", o.recompute);
+	int gelu_mask;
+	if (o.gelu_fusion && (st = ng_step_parse_gelu_fusion(o.gelu_fusion, &gelu_mask)))
+		return st;
 	if (strcmp(o.schedule, "cosine") != 0 && strcmp(o.schedule, "linear") != 0)
 		return ng_fail(NG_ERR_INPUT, "train --schedule: '%s' is not cosine or linear",
 			       o.schedule);

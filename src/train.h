@@ -47,7 +47,7 @@ struct ng_train_opts {
 	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
 	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm" or "none" */
 	long long head_chunk;      /* GPU: classifier rows per chunk, 0 = all B*T at once */
-	bool no_fuse_gelu;         /* GPU: GELU and its gradient as kernels, not matmul epilogues */
+	const char *gelu_fusion;   /* GPU: --gelu-fusion fwd,bwd | fwd | bwd | none (NULL: default) */
 };
 
 /* What a backend reports for one optimizer step. */

@@ -146,7 +146,7 @@ Test(dump, dot_renders_and_svg_matches_the_plan, .init = setup_, .timeout = 120)
 		ng_step_default_options(&o);
 		o.recompute_gelu = (int)ng_rng_below(&rng_, 2);
 		o.recompute_layernorm = (int)ng_rng_below(&rng_, 2);
-		o.fuse_gelu = (int)ng_rng_below(&rng_, 2);
+		o.fuse_gelu = (int)ng_rng_below(&rng_, 4);
 		o.head_chunk_rows = (int)ng_rng_below(&rng_, (uint64_t)(B * T));
 		struct ng_graph g;
 		enum ng_status st = rep % 3 == 0   ? ng_step_build_train(&g, &c, B, T, K, &o)

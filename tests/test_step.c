@@ -45,7 +45,7 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	ng_step_default_options(o);
 	o->recompute_gelu = (int)ng_rng_below(&rng_, 2);
 	o->recompute_layernorm = (int)ng_rng_below(&rng_, 2);
-	o->fuse_gelu = (int)ng_rng_below(&rng_, 2);
+	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
 	o->head_chunk_rows = ng_rng_below(&rng_, 3) == 0 ? 0
 							  : 1 + (int)ng_rng_below(&rng_, (uint64_t)(*B * *T));
@@ -141,8 +141,10 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 			     K * (1 + (o.recompute_layernorm ? 2 * L : 0)));
 		cr_assert_eq(count_kind(&g, NG_OP_RESIDUAL_LAYERNORM_FWD), K * 2 * L);
 		cr_assert_eq(count_kind(&g, NG_OP_GELU_FWD),
-			     K * L * ((o.fuse_gelu ? 0 : 1) + (o.recompute_gelu ? 1 : 0)));
-		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD), o.fuse_gelu ? 0 : K * L);
+			     K * L * ((o.fuse_gelu & NG_GELU_FUSE_FWD ? 0 : 1) +
+				      (o.recompute_gelu ? 1 : 0)));
+		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD),
+			     o.fuse_gelu & NG_GELU_FUSE_BWD ? 0 : K * L);
 		cr_assert_eq(count_kind(&g, NG_OP_LOSS_ACCUMULATE), K);
 		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_BWD), K);
 		cr_assert_eq(count_kind(&g, NG_OP_ZERO), 1 + K); /* grads, dresid per micro */
@@ -174,7 +176,11 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 			if (op->kind == NG_OP_LAYERNORM_BWD && op->which == NG_OP_WHICH_LNF)
 				cr_assert(op->param[0] == NG_P_LNFW && op->layer == -1);
 			if (op->kind == NG_OP_MATMUL_FWD)
-				cr_assert_eq(op->gelu, op->which == NG_OP_WHICH_FC && o.fuse_gelu);
+				cr_assert_eq(op->gelu, op->which == NG_OP_WHICH_FC &&
+							       (o.fuse_gelu & NG_GELU_FUSE_FWD));
+			if (op->kind == NG_OP_MATMUL_DINP)
+				cr_assert_eq(op->gelu, op->which == NG_OP_WHICH_FCPROJ &&
+							       (o.fuse_gelu & NG_GELU_FUSE_BWD) != 0);
 			/* logits chunks alive at op k */
 			int live = 0;
 			for (int i = 0; i < g.n_tensors && k % 7 == 0; i++) {
