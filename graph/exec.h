@@ -132,9 +132,14 @@ void ng_exec_print_profile(const struct ng_exec *e, void *file);
 /* Copy host data into a persistent tensor of the train graph (synchronous; between steps). The
  * captured graph reads device memory only, so the next replay sees it without a re-capture. */
 enum ng_status ng_exec_upload(struct ng_exec *e, int tensor, const void *host);
+/* The training state between steps, into host buffers of lay.total floats: fp32 params, AdamW
+ * m and v, and the step state. With ZeRO-1 the moments are gathered from every rank's shard, so
+ * every rank must call it at the same point; a rank that writes nothing passes NULL buffers. */
+enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, float *v,
+				long long *step, long long *n_skipped);
 /* Restore a training state between steps: fp32 params (and their bf16 copy, rounded as AdamW
- * rounds), AdamW m and v (each lay.total floats), grads zeroed, the step state {step, n_skipped};
- * the metrics ring continues at slot `step`. */
+ * rounds), AdamW m and v (each lay.total floats; with ZeRO-1 each rank keeps its shard), grads
+ * zeroed, the step state {step, n_skipped}; the metrics ring continues at slot `step`. */
 enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const float *m,
 			       const float *v, long long step, long long n_skipped);
 /* Write cuda_graph.dot of the captured step to `path` and count its nodes by type into `text`. */

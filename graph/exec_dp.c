@@ -202,3 +202,32 @@ enum ng_status ng_exec_dp_adamw_shard_(struct ng_exec *e, const struct ng_graph 
 	enum ng_status r2 = ng_collective_group_end();
 	return r ? r : r2;
 }
+
+/* A ZeRO-1 checkpoint: every rank's shard of the AdamW moments gathered into host m and v
+ * (lay.total floats each; NULL on the ranks that do not write) through the gradient buffer,
+ * which holds world * shard_len floats and is free between steps (zeroed afterwards, as a
+ * restore leaves it). Collective: every rank calls it between the same two steps. */
+enum ng_status ng_exec_dp_gather_moments_(struct ng_exec *e, float *m, float *v)
+{
+	const struct ng_graph *g = &e->train;
+	float *buf = ng_exec_tensor_(e, g, g->t_grads);
+	size_t len = e->shard_len, total = g->lay.total;
+	float *host[2] = { m, v };
+	int moment[2] = { g->t_adam_m, g->t_adam_v };
+	enum ng_status st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	for (int k = 0; k < 2 && !st; k++) {
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(buf + e->shard_off, ng_exec_tensor_(e, g, moment[k]),
+						   len * sizeof(float), cudaMemcpyDeviceToDevice,
+						   e->stream));
+		if (!st)
+			st = ng_collective_allgather(e->cfg.comm, buf, len, 4, e->cfg.rank, e->stream);
+		if (!st && host[k])
+			st = NG_CUDA_CHECK(cudaMemcpyAsync(host[k], buf, total * sizeof(float),
+							   cudaMemcpyDeviceToHost, e->stream));
+		if (!st)
+			st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	}
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0, g->tensors[g->t_grads].bytes, e->stream));
+	return st ? st : NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+}

@@ -143,6 +143,39 @@ enum ng_status ng_exec_upload(struct ng_exec *e, int tensor, const void *host)
 					cudaMemcpyHostToDevice));
 }
 
+/* Host <-> device copies of the first `bytes` of a persistent tensor (synchronous). */
+static enum ng_status copy_(struct ng_exec *e, int tensor, size_t off, void *host, size_t bytes,
+			    enum cudaMemcpyKind kind)
+{
+	char *dev = (char *)ng_exec_tensor_(e, &e->train, tensor) + off;
+	return NG_CUDA_CHECK(cudaMemcpy(kind == cudaMemcpyHostToDevice ? (void *)dev : host,
+					kind == cudaMemcpyHostToDevice ? host : (void *)dev, bytes,
+					kind));
+}
+
+enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, float *v,
+				long long *step, long long *n_skipped)
+{
+	const struct ng_graph *g = &e->train;
+	if (e->submitted != e->collected)
+		return ng_fail(NG_ERR_RUNTIME, "checkpoint with %lld steps in flight",
+			       e->submitted - e->collected);
+	size_t bytes = g->lay.total * sizeof(float);
+	struct ng_step_state ss;
+	enum ng_status st = ng_exec_download(e, g->t_step_state, &ss);
+	if (!st && params)
+		st = copy_(e, g->t_params, 0, params, bytes, cudaMemcpyDeviceToHost);
+	if (!st && e->cfg.zero1 && e->cfg.world > 1)
+		st = ng_exec_dp_gather_moments_(e, m, v);
+	else if (!st && m)
+		st = copy_(e, g->t_adam_m, 0, m, bytes, cudaMemcpyDeviceToHost);
+	if (!st && v && !(e->cfg.zero1 && e->cfg.world > 1))
+		st = copy_(e, g->t_adam_v, 0, v, bytes, cudaMemcpyDeviceToHost);
+	*step = ss.step;
+	*n_skipped = ss.n_skipped;
+	return st;
+}
+
 enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const float *m,
 			       const float *v, long long step, long long n_skipped)
 {
@@ -153,17 +186,33 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	struct ng_step_state ss = { 0 };
 	ss.step = (int)step;
 	ss.n_skipped = (int)n_skipped;
-	enum ng_status st = ng_exec_upload(e, g->t_params, params);
+	size_t total = g->lay.total, off = 0, n = total;
+	if (e->cfg.zero1 && e->cfg.world > 1) { /* this rank's shard of the moments; padding 0 */
+		off = e->shard_off < total ? e->shard_off : total;
+		n = total - off < e->shard_len ? total - off : e->shard_len;
+		if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)) ||
+		    NG_CUDA_CHECK(cudaMemset(ng_exec_tensor_(e, g, g->t_adam_m), 0,
+					     e->shard_len * sizeof(float))) ||
+		    NG_CUDA_CHECK(cudaMemset(ng_exec_tensor_(e, g, g->t_adam_v), 0,
+					     e->shard_len * sizeof(float))))
+			return NG_ERR_RUNTIME;
+	}
+	enum ng_status st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	if (!st)
-		st = ng_exec_upload(e, g->t_adam_m, m);
+		st = copy_(e, g->t_params, 0, (void *)params, total * sizeof(float),
+			   cudaMemcpyHostToDevice);
 	if (!st)
-		st = ng_exec_upload(e, g->t_adam_v, v);
+		st = copy_(e, g->t_adam_m, 0, (void *)(m + off), n * sizeof(float),
+			   cudaMemcpyHostToDevice);
+	if (!st)
+		st = copy_(e, g->t_adam_v, 0, (void *)(v + off), n * sizeof(float),
+			   cudaMemcpyHostToDevice);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemcpy(ng_exec_tensor_(e, g, g->t_step_state), &ss, sizeof(ss),
 					      cudaMemcpyHostToDevice));
 	if (!st)
 		st = ng_cast_f32_to_bf16(ng_exec_tensor_(e, g, g->t_params_bf16), ng_exec_tensor_(e, g, g->t_params),
-					 g->lay.total, e->stream);
+					 total, e->stream);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_grads), 0,
 						   g->tensors[g->t_grads].bytes, e->stream));

@@ -19,5 +19,6 @@ enum ng_status ng_exec_dp_grad_norm_(struct ng_exec *e, const struct ng_graph *g
 				   const struct ng_op *op, void *scratch, cudaStream_t s);
 enum ng_status ng_exec_dp_adamw_shard_(struct ng_exec *e, const struct ng_graph *g,
 				     const struct ng_op *op, cudaStream_t s);
+enum ng_status ng_exec_dp_gather_moments_(struct ng_exec *e, float *m, float *v);
 
 #endif

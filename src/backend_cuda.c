@@ -36,21 +36,18 @@ static enum ng_status cu_evaluate(void *ctx, const uint16_t *tokens, int n, doub
 	return ng_exec_evaluate(e, tokens, loss);
 }
 
+/* Rank 0 gets the whole state; with ZeRO-1 the other ranks only take part in gathering the
+ * moments (s stays empty, *params32 NULL). */
 static enum ng_status cu_save_state(void *ctx, struct ng_train_state *s, float **params32)
 {
 	struct ng_exec *e = ctx;
 	const struct ng_graph *g = &e->train;
-	struct ng_step_state ss;
-	enum ng_status st = ng_exec_download(e, g->t_step_state, &ss);
-	if (!st)
-		st = ng_ckpt_state_alloc(s, 4, g->lay.total);
-	if (!st)
-		st = ng_exec_download(e, g->t_params, s->params);
-	if (!st)
-		st = ng_exec_download(e, g->t_adam_m, s->m);
-	if (!st)
-		st = ng_exec_download(e, g->t_adam_v, s->v);
 	*params32 = NULL;
+	if (e->cfg.rank != 0)
+		return ng_exec_snapshot(e, NULL, NULL, NULL, &s->step, &s->n_skipped);
+	enum ng_status st = ng_ckpt_state_alloc(s, 4, g->lay.total);
+	if (!st)
+		st = ng_exec_snapshot(e, s->params, s->m, s->v, &s->step, &s->n_skipped);
 	if (!st && !(*params32 = malloc(g->lay.total * sizeof(float))))
 		st = ng_fail(NG_ERR_RUNTIME, "out of host memory for a checkpoint");
 	if (st) {
@@ -58,8 +55,6 @@ static enum ng_status cu_save_state(void *ctx, struct ng_train_state *s, float *
 		return st;
 	}
 	memcpy(*params32, s->params, g->lay.total * sizeof(float));
-	s->step = ss.step;
-	s->n_skipped = ss.n_skipped;
 	return NG_OK;
 }
 

@@ -149,9 +149,6 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	if (o.zero1 && plan.method == NG_DIST_METHOD_NONE)
 		return ng_fail(NG_ERR_INPUT, "train --zero1: needs data parallelism (--world N, "
 			       "mpirun or srun)");
-	if (o.zero1 && (o.ckpt_every || o.resume))
-		return ng_fail(NG_ERR_INPUT, "train --zero1: checkpoints of sharded AdamW moments "
-			       "are not implemented; drop --zero1 or the checkpoint flags");
 
 	struct ng_backend be;
 	if (strcmp(o.device, "cpu") == 0) {

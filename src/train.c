@@ -253,14 +253,11 @@ static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backen
 	enum ng_status st = drain(be, lg, true, o->log_every);
 	if (st)
 		return st;
-	if (f->world > 1 && o->zero1)
-		return ng_fail(NG_ERR_INPUT, "checkpoints of a ZeRO-1 run (sharded AdamW moments) "
-			       "are not supported in this version");
-	if (f->rank != 0)
-		return NG_OK;
 	struct ng_train_state s = { 0 };
 	float *p32 = NULL;
 	double t0 = now_s();
+	if (f->rank != 0) /* ZeRO-1: rank 0 gathers every rank's shard of the moments */
+		return f->world > 1 && o->zero1 ? be->save_state(be->ctx, &s, &p32) : NG_OK;
 	st = be->save_state(be->ctx, &s, &p32);
 	if (st)
 		return st;
@@ -291,9 +288,6 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 {
 	long long step;
 	char path[4096];
-	if (f->world > 1 && o->zero1)
-		return ng_fail(NG_ERR_INPUT, "--resume of a ZeRO-1 run (sharded AdamW moments) is "
-			       "not supported in this version");
 	enum ng_status st = ng_ckpt_latest(o->out_dir, &step);
 	if (st)
 		return st;

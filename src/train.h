@@ -76,7 +76,8 @@ struct ng_backend {
 	enum ng_status (*evaluate)(void *ctx, const uint16_t *tokens, int n, double *loss);
 	/* Copy the training state out, between steps with nothing in flight: fills s->step,
 	 * s->n_skipped and s->params/m/v (allocated here with ng_ckpt_state_alloc, in the master
-	 * copy's precision), and *params32 (malloc'ed fp32 model weights, lay.total). */
+	 * copy's precision), and *params32 (malloc'ed fp32 model weights, lay.total). With
+	 * ZeRO-1 every rank calls it (the moments are gathered); ranks other than 0 get nothing. */
 	enum ng_status (*save_state)(void *ctx, struct ng_train_state *s, float **params32);
 	/* Restore s (F32 or F64 buffers, checked against the run's shape by the loop). */
 	enum ng_status (*load_state)(void *ctx, const struct ng_train_state *s);

@@ -9,7 +9,8 @@
 # metrics under $OUT (default ./multi-gpu-out). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 # RUNS picks the parts (default "test w1_k2 w2 w2_zero1 w0"; also w2_nooverlap: --no-overlap,
 # w2_mpi: the same run launched by mpirun; w2_slurm: srun's environment by hand; w2_resume: 2 GPUs, --deterministic, 40 steps straight
-# against 20 steps + checkpoint + --resume to 40, losses compared bit for bit).
+# against 20 steps + checkpoint + --resume to 40, losses compared bit for bit; w2_resume_zero1: the
+# same with --zero1).
 set -uo pipefail
 steps=${1:-60}
 out=${OUT:-multi-gpu-out}
@@ -72,33 +73,37 @@ if want w2_slurm; then
 fi
 
 # checkpoint + resume on the same world size: one straight run, one stopped after step 20
-# (rank 0 writes the checkpoint) and resumed; both --deterministic, d12 B=16 per GPU
-if want w2_resume; then
-  rc_common=("${common[@]}")
-  common=(--model d12 --batch 16 --steps 40 --seed 1337 --val-batches 0 --log-every 5 --deterministic)
-  rm -rf "$out/ck_full" "$out/ck_part"
-  two_ranks w2r_full --out "$out/ck_full"
-  two_ranks w2r_part --out "$out/ck_part" --stop-after 20
-  ls -la "$out/ck_part" >"$out/w2r_part.files" 2>&1
-  two_ranks w2r_resumed --out "$out/ck_part" --resume
+# (rank 0 writes the checkpoint) and resumed; both --deterministic, d12 B=16 per GPU.
+# w2_resume_zero1: the same with --zero1 (the moments gathered into rank 0's file, resharded).
+resume_check() { # NAME EXTRA-FLAGS...
+  local name=$1; shift
+  local rc_common=("${common[@]}")
+  common=(--model d12 --batch 16 --steps 40 --seed 1337 --val-batches 0 --log-every 5 --deterministic "$@")
+  rm -rf "$out/ck_$name"_full "$out/ck_$name"_part
+  two_ranks "${name}_full" --out "$out/ck_${name}_full"
+  two_ranks "${name}_part" --out "$out/ck_${name}_part" --stop-after 20
+  ls -la "$out/ck_${name}_part" >"$out/${name}_part.files" 2>&1
+  two_ranks "${name}_resumed" --out "$out/ck_${name}_part" --resume
   common=("${rc_common[@]}")
-  python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
+  python3 - "$out" "$name" <<'PY' | tee -a "$out/summary.txt"
 import json, os, sys
-out = sys.argv[1]
+out, name = sys.argv[1], sys.argv[2]
 def load(n):
     p = os.path.join(out, n + ".jsonl")
     return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r} if os.path.exists(p) else {}
-full, part, res = load("w2r_full"), load("w2r_part"), load("w2r_resumed")
+full, part, res = load(name + "_full"), load(name + "_part"), load(name + "_resumed")
 steps = sorted(s for s in res if s in full)
 same = [s for s in steps if res[s] == full[s]]
-print(f"w2_resume: straight run {len(full)} steps; stopped run {len(part)} steps (last {max(part) if part else None}); "
+print(f"{name}: straight run {len(full)} steps; stopped run {len(part)} steps (last {max(part) if part else None}); "
       f"resumed run steps {min(res) if res else None}..{max(res) if res else None}; "
       f"bit-identical losses {len(same)}/{len(steps)}; "
       f"max |dloss| {max((abs(res[s] - full[s]) for s in steps), default=float('nan')):.3g}")
 PY
-  grep -h -i -E "checkpoint|resum|wrote" "$out"/w2r_part*.log "$out"/w2r_resumed*.log | head -20 | tee -a "$out/summary.txt"
-  cat "$out/w2r_part.files" | tee -a "$out/summary.txt"
-fi
+  grep -h -i -E "checkpoint|resum|wrote|error" "$out/${name}"_part*.log "$out/${name}"_resumed*.log | head -20 | tee -a "$out/summary.txt"
+  cat "$out/${name}_part.files" | tee -a "$out/summary.txt"
+}
+want w2_resume && resume_check w2_resume
+want w2_resume_zero1 && resume_check w2_resume_zero1 --zero1
 
 python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
 import json, sys, os
