@@ -77,10 +77,9 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 	return s;
 }
 
-/* Find or make the plan of this op's shape. */
-static enum ng_status plan_matmul(struct ng_exec *e, const struct ng_op *op, int *idx)
+/* Find or make the plan of this shape. */
+static enum ng_status plan_spec(struct ng_exec *e, struct ng_matmul_spec s, int *idx)
 {
-	struct ng_matmul_spec s = op_spec(e, op);
 	for (int i = 0; i < e->n_plans; i++) {
 		if (memcmp(&e->plans[i].spec, &s, sizeof(s)) == 0) {
 			*idx = i;
@@ -97,6 +96,87 @@ static enum ng_status plan_matmul(struct ng_exec *e, const struct ng_op *op, int
 	if (st)
 		return st;
 	*idx = e->n_plans++;
+	return NG_OK;
+}
+
+static enum ng_status plan_matmul(struct ng_exec *e, const struct ng_op *op, int *idx)
+{
+	return plan_spec(e, op_spec(e, op), idx);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+/* --gelu-fusion auto: the FC-proj backward as one matmul with the DGELU epilogue, or as a plain
+ * matmul and the GELU-backward kernel, whichever is faster here at the step's shape (median of
+ * 15 interleaved runs after 3 warm-ups, on scratch filled with a constant). Both plans stay in
+ * e->plans; the graph is built with the choice. Measured on the H200: the epilogue wins at d12
+ * and d48, loses at d24 (BENCHMARKS.md). Not with --deterministic: two runs must build the same
+ * step, so the bits stay as given. */
+static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
+{
+	enum { WARM = 3, REPS = 15 };
+	const struct ng_gpt_config *m = &e->cfg.model;
+	struct ng_matmul_spec s = { .kind = NG_MATMUL_DINP, .N = e->cfg.B * e->cfg.T,
+				    .IC = 4 * m->C, .OC = m->C, .autotune = e->cfg.autotune };
+	int plan[2] = { 0, 0 };
+	s.gelu = 1;
+	enum ng_status st = plan_spec(e, s, &plan[0]);
+	s.gelu = 0;
+	if (!st)
+		st = plan_spec(e, s, &plan[1]);
+	if (st)
+		return st;
+	size_t n_in = (size_t)s.N * s.IC, n_out = (size_t)s.N * s.OC, n_w = (size_t)s.OC * s.IC;
+	size_t ws = e->plans[plan[0]].mm.workspace_need;
+	if (e->plans[plan[1]].mm.workspace_need > ws)
+		ws = e->plans[plan[1]].mm.workspace_need;
+	size_t at[5], bytes = 0; /* dinp, aux (pre-GELU), dout, W, workspace */
+	size_t sizes[5] = { n_in * 2, n_in * 2, n_out * 2, n_w * 2, ws };
+	for (int i = 0; i < 5; i++) {
+		at[i] = bytes;
+		bytes += ALIGN_UP(sizes[i], 256);
+	}
+	char *buf = NULL;
+	cudaEvent_t ev[3] = { 0 };
+	float ms[2][REPS];
+	if (NG_CUDA_CHECK(cudaMalloc((void **)&buf, bytes)))
+		return NG_ERR_RUNTIME;
+	st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream)); /* bf16 0x3c3c = 0.0115 */
+	for (int i = 0; i < 3 && !st; i++)
+		st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
+	for (int r = 0; r < WARM + REPS && !st; r++) {
+		for (int v = 0; v < 2 && !st; v++) {
+			const struct ng_matmul *mm = &e->plans[plan[v]].mm;
+			void *dinp = buf + at[0], *aux = buf + at[1], *wsp = ws ? buf + at[4] : NULL;
+			st = NG_CUDA_CHECK(cudaEventRecord(ev[0], e->stream));
+			if (!st)
+				st = ng_matmul_run(mm, dinp, buf + at[2], buf + at[3], NULL,
+						   v == 0 ? aux : NULL, NULL, wsp, e->stream);
+			if (!st && v == 1)
+				st = ng_gelu_bwd(dinp, aux, dinp, n_in, e->stream);
+			if (!st)
+				st = NG_CUDA_CHECK(cudaEventRecord(ev[1], e->stream));
+			if (!st)
+				st = NG_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+			if (!st && r >= WARM)
+				st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[v][r - WARM], ev[0], ev[1]));
+		}
+	}
+	for (int i = 0; i < 3; i++)
+		if (ev[i])
+			cudaEventDestroy(ev[i]);
+	cudaFree(buf);
+	if (st)
+		return st;
+	for (int v = 0; v < 2; v++) {
+		qsort(ms[v], REPS, sizeof(float), cmp_float);
+		e->dgelu_ms[v] = ms[v][REPS / 2];
+	}
+	*fuse = e->dgelu_ms[0] <= e->dgelu_ms[1];
 	return NG_OK;
 }
 
@@ -438,9 +518,21 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	e->device_total_bytes = prop.totalGlobalMem;
 	e->peak_flops = peak_for(prop.name);
 
+	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) ||
+	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))
+		return NG_ERR_RUNTIME;
+	enum ng_status st = ng_matmul_ctx_init(&e->mmctx, 32u << 20);
 	struct ng_step_options opt = cfg->step;
 	opt.deterministic = cfg->deterministic;
-	enum ng_status st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
+	if (opt.deterministic) /* a timed choice could differ between two runs */
+		opt.fuse_gelu &= ~NG_GELU_FUSE_AUTO;
+	if (!st && (opt.fuse_gelu & NG_GELU_FUSE_AUTO)) {
+		int fuse = 1;
+		st = choose_dgelu(e, &fuse);
+		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
+	}
+	if (!st)
+		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
 	if (!st && cfg->eval_batches > 0)
 		st = ng_step_build_eval(&e->eval, &cfg->model, cfg->B, cfg->T, cfg->eval_batches,
 					&opt);
@@ -465,12 +557,7 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	if (cfg->comm && !cfg->zero1 && !cfg->dp_no_overlap && (st = ng_exec_dp_plan_overlap_(e)))
 		return st;
 
-	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) ||
-	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))
-		return NG_ERR_RUNTIME;
-	st = ng_matmul_ctx_init(&e->mmctx, 32u << 20);
-	if (!st)
-		st = ng_attention_plan(&e->att, e->cudnn, cfg->B, cfg->model.H, cfg->T,
+	st = ng_attention_plan(&e->att, e->cudnn, cfg->B, cfg->model.H, cfg->T,
 				       cfg->model.C / cfg->model.H, cfg->deterministic,
 				       cfg->force_naive_attention);
 	if (!st)

@@ -20,27 +20,33 @@
 void ng_step_default_options(struct ng_step_options *opt)
 {
 	memset(opt, 0, sizeof(*opt));
-	opt->fuse_gelu = NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD;
+	opt->fuse_gelu = NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO;
 	opt->align = 256;
 }
 
-static const char *const gelu_names[4] = { "none", "fwd", "bwd", "fwd,bwd" };
+static const char *const gelu_names[8] = { "none", "fwd", "bwd", "fwd,bwd", "auto: none",
+					   "auto: fwd", "auto: bwd", "auto: fwd,bwd" };
 
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
 {
+	if (strcmp(what, "auto") == 0) {
+		*mask = NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO;
+		return NG_OK;
+	}
 	for (int m = 0; m < 4; m++)
 		if (strcmp(what, gelu_names[m]) == 0 || (m == 3 && strcmp(what, "bwd,fwd") == 0)) {
 			*mask = m;
 			return NG_OK;
 		}
-	ng_fail(NG_ERR_INPUT, "--gelu-fusion '%s': not fwd,bwd | fwd | bwd | none", what);
-	ng_hint("fwd: GELU as the FC matmul's epilogue; bwd: DGELU as the FC-proj backward's");
+	ng_fail(NG_ERR_INPUT, "--gelu-fusion '%s': not auto | fwd,bwd | fwd | bwd | none", what);
+	ng_hint("fwd: GELU as the FC matmul's epilogue; bwd: DGELU as the FC-proj backward's; "
+		"auto: fwd, and bwd when it times faster on the device");
 	return NG_ERR_INPUT;
 }
 
 const char *ng_step_gelu_fusion_name(int mask)
 {
-	return gelu_names[mask & 3];
+	return gelu_names[mask & 7];
 }
 
 void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,

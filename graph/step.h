@@ -52,14 +52,18 @@ struct ng_step_options {
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };
 
-enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2 };
+/* AUTO: the executor times the FC-proj backward both ways on the device at plan time and sets
+ * or clears BWD (until then, with --deterministic, and wherever nothing is timed, BWD as given). */
+enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUTO = 4 };
 
-/* "fwd,bwd" | "fwd" | "bwd" | "none" -> NG_GELU_FUSE_* bits; NG_ERR_INPUT otherwise. */
+/* "auto" | "fwd,bwd" | "fwd" | "bwd" | "none" -> NG_GELU_FUSE_* bits ("auto": FWD | BWD | AUTO);
+ * NG_ERR_INPUT otherwise. */
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
-/* The bits back as text ("fwd,bwd" ...). */
+/* The bits back as text ("fwd,bwd" ..., "auto: fwd" once the device chose). */
 const char *ng_step_gelu_fusion_name(int mask);
 
-/* Defaults: no recompute, whole-batch classifier, fused GELU, not deterministic, 256 B. */
+/* Defaults: no recompute, whole-batch classifier, GELU fused forward and "auto" backward, not
+ * deterministic, 256 B. */
 void ng_step_default_options(struct ng_step_options *opt);
 
 /* The workspace estimates for a shape (B sequences of T tokens). */

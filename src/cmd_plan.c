@@ -27,7 +27,7 @@
 struct plan_args {
 	const char *recompute; /* "gelu,layernorm", "gelu", "layernorm", "none" */
 	long long head_chunk;  /* rows per classifier chunk, 0 = whole */
-	const char *gelu;      /* --gelu-fusion: fwd,bwd | fwd | bwd | none */
+	const char *gelu;      /* --gelu-fusion: auto | fwd,bwd | fwd | bwd | none */
 	bool deterministic;    /* deterministic reductions */
 	long long align;       /* arena alignment, bytes */
 	const char *step;      /* "train", "eval", "sample" */
@@ -47,7 +47,8 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		{ "--head-chunk", NG_FLAG_INT, &a->head_chunk, 0, 1 << 30, "ROWS",
 		  "classifier rows per chunk (0 = all B*T rows at once)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &a->gelu, 0, 0, "WHAT",
-		  "GELU / DGELU as matmul epilogues: fwd,bwd | fwd | bwd | none (fwd,bwd)", false },
+		  "GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd | bwd | none (auto: "
+		  "planned as fwd,bwd here; the GPU times bwd)", false },
 		{ "--deterministic", NG_FLAG_BOOL, &a->deterministic, 0, 0, NULL,
 		  "deterministic reductions (bigger workspaces)", false },
 		{ "--align", NG_FLAG_INT, &a->align, 1, 1 << 20, "BYTES",

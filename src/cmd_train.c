@@ -76,7 +76,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--head-chunk", NG_FLAG_INT, &o.head_chunk, 0, 1 << 30, "ROWS",
 		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (0)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &o.gelu_fusion, 0, 0, "WHAT",
-		  "GPU: GELU / DGELU as matmul epilogues: fwd,bwd | fwd | bwd | none (fwd,bwd)", false },
+		  "GPU: GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd | bwd | none (auto: "
+		  "fwd, and bwd where it times faster at plan time)", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
 		{ "--world", NG_FLAG_INT, &da.world, 1, 1 << 20, "N",

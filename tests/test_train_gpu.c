@@ -51,17 +51,19 @@ static double rel_l2(const float *a, const double *ref, size_t n)
 	return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-Test(train_gpu, step_matches_cpu_reference)
+/* One step of the planned GPU graph against the double-precision CPU reference, GELU fused into
+ * the matmuls as `fuse` says (NG_GELU_FUSE_* bits; AUTO: as timed on this device). */
+static void step_matches(int fuse)
 {
-	if (ng_cuda_device_count() == 0)
-		cr_skip_test("no CUDA device");
 	uint64_t seed = (uint64_t)time(NULL);
 	struct ng_exec_config c;
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
+	c.step.fuse_gelu = fuse;
 	struct ng_exec e;
 	enum ng_status st = ng_exec_init(&e, &c);
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
-	fprintf(stderr, "step_matches_cpu_reference: planned, %s\n", ng_attention_describe(&e.att));
+	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s): planned, %s\n",
+		ng_step_gelu_fusion_name(e.train.fuse_gelu), ng_attention_describe(&e.att));
 
 	/* K micro-batches of fresh random tokens */
 	int B = c.B, T = c.T, K = c.K, V = c.model.V;
@@ -142,6 +144,16 @@ Test(train_gpu, step_matches_cpu_reference)
 	ng_cpu_model_free(&m);
 	free(in), free(tg), free(grads), free(p1), free(p0);
 	ng_exec_free(&e);
+}
+
+Test(train_gpu, step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	int masks[] = { NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO,
+			NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, NG_GELU_FUSE_FWD, NG_GELU_FUSE_BWD, 0 };
+	for (size_t i = 0; i < sizeof(masks) / sizeof(masks[0]); i++)
+		step_matches(masks[i]);
 }
 
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
