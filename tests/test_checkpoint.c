@@ -6,14 +6,17 @@
  * same losses as the run uninterrupted; a writer killed mid-write leaves a loadable checkpoint;
  * `eval` equals the reference loss. Fresh random values every run (seed printed).
  */
+#define _XOPEN_SOURCE 700
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,10 +33,24 @@ static uint64_t seed_now(void)
 
 static char tmpdir[256];
 
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb, (void)flag, (void)ftw;
+	return remove(path);
+}
+
+/* The test's directory goes when its process exits (Criterion runs each test in its own). */
+static void remove_tmpdir(void)
+{
+	if (tmpdir[0])
+		nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 static void make_tmpdir(void)
 {
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ng_ckpt_test_XXXXXX");
 	cr_assert(mkdtemp(tmpdir), "mkdtemp failed");
+	atexit(remove_tmpdir);
 }
 
 /* Random params in the flat layout, padding (between tensors, wte rows V..Vp-1) zero. */
