@@ -257,6 +257,10 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 			return NG_ERR_RUNTIME;
 		if (g->kind != NG_GRAPH_TRAIN)
 			return NG_OK;
+		struct ng_step_state *sst = ng_exec_tensor_(e, g, g->t_step_state);
+		if (NG_CUDA_CHECK(cudaMemcpyAsync(&sst->stop, e->h_stop, sizeof(float),
+						  cudaMemcpyHostToDevice, s)))
+			return NG_ERR_RUNTIME;
 		/* inside capture the record must be an external event node, so that the host can
 		 * wait on it after each replay; outside capture it is a plain record */
 		enum cudaStreamCaptureStatus cs;
@@ -584,7 +588,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 		return NG_ERR_RUNTIME;
 	size_t tok = (size_t)cfg->K * cfg->B * (cfg->T + 1) * sizeof(uint16_t);
 	size_t etok = (size_t)cfg->eval_batches * cfg->B * (cfg->T + 1) * sizeof(uint16_t);
-	if (NG_CUDA_CHECK(cudaHostAlloc((void **)&e->h_tokens, tok, cudaHostAllocDefault)) ||
+	if (NG_CUDA_CHECK(cudaHostAlloc((void **)&e->h_stop, sizeof(float), cudaHostAllocDefault)) ||
+	    NG_CUDA_CHECK(cudaHostAlloc((void **)&e->h_tokens, tok, cudaHostAllocDefault)) ||
 	    (etok && NG_CUDA_CHECK(cudaHostAlloc((void **)&e->h_eval_tokens, etok,
 						 cudaHostAllocDefault))) ||
 	    NG_CUDA_CHECK(cudaHostAlloc((void **)&e->ring, sizeof(*e->ring) * NG_EXEC_RING,
@@ -598,6 +603,7 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	if (NG_CUDA_CHECK(cudaEventCreate(&e->start)))
 		return NG_ERR_RUNTIME;
 	memset(e->h_tokens, 0, tok);
+	*e->h_stop = 0.0f;
 	memset(e->ring, 0, sizeof(*e->ring) * NG_EXEC_RING);
 
 	/* Warm-up: one eager step (loads modules; errors name their node), then the real init. */
@@ -665,6 +671,7 @@ void ng_exec_free(struct ng_exec *e)
 	if (e->start)
 		cudaEventDestroy(e->start);
 	cudaFreeHost(e->h_tokens);
+	cudaFreeHost(e->h_stop);
 	cudaFreeHost(e->h_eval_tokens);
 	cudaFreeHost(e->ring);
 	cudaFree(e->arena);

@@ -80,6 +80,7 @@ struct ng_exec {
 	int *train_plan;               /* per train op: index into plans, or -1 */
 	int *eval_plan;                /* per eval op */
 	uint16_t *h_tokens;            /* pinned (K, B, T+1): the next step's tokens */
+	float *h_stop;                 /* pinned: copied into the step state with the tokens */
 	uint16_t *h_eval_tokens;       /* pinned (eval_batches, B, T+1) */
 	struct ng_metrics_record *ring;   /* host-mapped pinned ring, NG_EXEC_RING records */
 	struct ng_metrics_record *d_ring; /* its device address */
@@ -122,6 +123,9 @@ enum ng_status ng_exec_submit(struct ng_exec *e);
  * ms[i] (may be NULL) gets each step's device time, from the events between replays. */
 enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, float *ms, int max,
 			       bool wait, int *n);
+/* Ask to stop: every later step carries stop > 0 in its step state and metrics record (with
+ * data parallelism reduced over ranks, so every rank sees it at the same step). */
+void ng_exec_request_stop(struct ng_exec *e);
 /* Mean loss over eval_batches batches of B*(T+1) tokens (synchronous). */
 enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss);
 

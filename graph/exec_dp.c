@@ -111,6 +111,7 @@ enum ng_status ng_exec_dp_after_op_(struct ng_exec *e, const struct ng_graph *g,
 }
 
 /* GRAD_NORM with overlap: join dp_stream, then all-reduce what was not sent (one group). */
+/* loss: the step state's {loss_sum, stop}, mean-reduced together. */
 static enum ng_status ng_exec_dp_reduce_rest_(struct ng_exec *e, const struct ng_graph *g, float *loss,
 				     cudaStream_t s)
 {
@@ -134,7 +135,7 @@ static enum ng_status ng_exec_dp_reduce_rest_(struct ng_exec *e, const struct ng
 		if (!e->dp_sent[l])
 			r = ng_exec_dp_reduce_layer_(e, g, l, s);
 	if (!r)
-		r = ng_collective_allreduce_mean_f32(e->cfg.comm, loss, 1, s);
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, loss, 2, s); /* loss_sum, stop */
 	enum ng_status r2 = ng_collective_group_end();
 	memset(e->dp_sent, 0, sizeof(bool) * (size_t)L);
 	return r ? r : r2;
@@ -159,7 +160,7 @@ enum ng_status ng_exec_dp_grad_norm_(struct ng_exec *e, const struct ng_graph *g
 									 e->shard_len, e->cfg.rank, s)
 				 : ng_collective_allreduce_mean_f32(e->cfg.comm, grads, total, s);
 	if (!r)
-		r = ng_collective_allreduce_mean_f32(e->cfg.comm, &st->loss_sum, 1, s);
+		r = ng_collective_allreduce_mean_f32(e->cfg.comm, &st->loss_sum, 2, s); /* + stop */
 	enum ng_status r2 = ng_collective_group_end();
 	if (r || r2)
 		return r ? r : r2;

@@ -50,6 +50,11 @@ void ng_exec_print_profile(const struct ng_exec *e, void *file)
 			100 * rows[j].ms / total);
 }
 
+void ng_exec_request_stop(struct ng_exec *e)
+{
+	*(volatile float *)e->h_stop = 1.0f;
+}
+
 enum ng_status ng_exec_input(struct ng_exec *e, uint16_t **tokens)
 {
 	/* The previous step's token copy must have run before the buffer is refilled. */

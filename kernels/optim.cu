@@ -139,6 +139,7 @@ static __global__ void step_finish_one_thread(struct ng_step_state *st,
 	r->loss = st->loss_sum;
 	r->grad_norm = st->grad_norm;
 	r->lr = st->lr;
+	r->stop = st->stop;
 	__threadfence_system();
 	*(volatile int *)&r->step = st->step + 1;
 	st->n_skipped += st->skipped;

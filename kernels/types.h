@@ -20,7 +20,8 @@ struct ng_step_state {
 	float grad_norm;   /* global L2 norm of the gradient, before clipping */
 	float clip_scale;  /* gradients are multiplied by this in AdamW (min(1, clip/norm)) */
 	float loss_sum;    /* sum over this step's tokens of the per-token loss, times 1/ntokens */
-	float pad_;
+	float stop;        /* > 0: a rank asked to stop (copied in with the tokens; with data
+	                    * parallelism the mean over ranks, reduced with loss_sum) */
 };
 
 /* The learning-rate schedule: constants of the run, so passing them by value is fine. */
@@ -39,7 +40,8 @@ struct ng_metrics_record {
 	float loss;
 	float grad_norm;
 	float lr;
-	float pad_[3];
+	float stop;        /* the step state's stop: equal on every rank */
+	float pad_[2];
 };
 
 #endif

@@ -63,7 +63,7 @@ static enum ng_status cpu_submit(void *ctx)
 	if (!skip)
 		ng_cpu_adamw_step(&c->m, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->clip);
 	c->step++;
-	c->pending = (struct ng_step_result){ c->step, loss, norm, lr, skip, 0 };
+	c->pending = (struct ng_step_result){ c->step, loss, norm, lr, skip, false, 0 };
 	c->have_pending = 1;
 	return NG_OK;
 }

@@ -23,7 +23,8 @@ static enum ng_status cu_collect(void *ctx, struct ng_step_result *out, int max,
 	enum ng_status st = ng_exec_collect(ctx, rec, ms, max, wait, n);
 	for (int i = 0; i < *n; i++)
 		out[i] = (struct ng_step_result){ rec[i].step, rec[i].loss, rec[i].grad_norm,
-						  rec[i].lr, rec[i].skipped != 0, ms[i] };
+						  rec[i].lr, rec[i].skipped != 0, rec[i].stop > 0,
+						  ms[i] };
 	return st;
 }
 
@@ -78,6 +79,11 @@ static enum ng_status cu_load_state(void *ctx, const struct ng_train_state *s)
 	enum ng_status st = ng_exec_restore(e, f, f + n, f + 2 * n, s->step, s->n_skipped);
 	free(f);
 	return st;
+}
+
+static void cu_request_stop(void *ctx)
+{
+	ng_exec_request_stop(ctx);
 }
 
 static void cu_free(void *ctx)
@@ -168,6 +174,7 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		.name = "cuda", .ctx = e, .peak_flops = e->peak_flops, .input_buffer = cu_input,
 		.submit = cu_submit, .collect = cu_collect, .evaluate = cu_evaluate,
 		.save_state = cu_save_state, .load_state = cu_load_state, .free = cu_free,
+		.request_stop = c.comm ? cu_request_stop : NULL,
 	};
 	return NG_OK;
 }

@@ -142,7 +142,15 @@ struct logger {
 	double sum_tok_s;          /* steady-state throughput: sum over steps after the first */
 	int n_tok_s;
 	long long skipped;
+	long long stop_at;         /* data parallelism: the step every rank stops after (0: none) */
 };
+
+/* Data parallelism: a signal reaches the ranks at different steps, so a rank that gets one only
+ * flags its next steps (request_stop); the flag is reduced over ranks inside the step, and the
+ * first step s whose record carries it is the same on every rank: all stop after s + STOP_LAG.
+ * The loop keeps fewer than STOP_LAG steps beyond its last collected record in flight, so no rank
+ * has gone past that step when it learns of it. */
+enum { STOP_LAG = 8 };
 
 /* "[########............] 40% 80/200 | loss 3.1234 | ETA 1m12s" on one line, redrawn in place. */
 static void progress_bar(FILE *f, long long step, long long steps, double loss, double eta)
@@ -181,6 +189,8 @@ static void log_result(struct logger *lg, const struct ng_step_result *r, bool p
 	}
 	lg->last_loss = r->loss;
 	lg->skipped += r->skipped;
+	if (r->stop && !lg->stop_at)
+		lg->stop_at = r->step + STOP_LAG;
 	double eta = (lg->steps - r->step) * ms * 1e-3;
 	if (lg->tty)
 		fputs("\r\033[K", lg->out); /* the progress bar gives way to a step line */
@@ -404,8 +414,16 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	fprintf(lg.out, " = %.0f tokens per step\n", lg.tokens_per_step);
 	lg.t_start = lg.t_last = now_s();
 	lg.last_step = start;
+	bool stop_flagged = false;
 	for (long long step = start; step < o->steps; step++) {
 		uint16_t *buf;
+		if (be->request_stop && step - lg.last_step >= STOP_LAG - 1 &&
+		    (st = drain(be, &lg, true, o->log_every)))
+			goto out; /* not reached while the token buffer keeps the host 2 steps ahead */
+		if (be->request_stop && stop_requested && !stop_flagged) {
+			be->request_stop(be->ctx);
+			stop_flagged = true;
+		}
 		st = be->input_buffer(be->ctx, &buf);
 		if (!st)
 			st = feed_step(&f, s, step, buf);
@@ -415,7 +433,8 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 			st = drain(be, &lg, false, o->log_every);
 		if (st)
 			goto out;
-		bool stop = stop_requested || (o->stop_after > 0 && step + 1 == o->stop_after);
+		bool by_signal = be->request_stop ? lg.stop_at == step + 1 : stop_requested;
+		bool stop = by_signal || (o->stop_after > 0 && step + 1 == o->stop_after);
 		if (stop || (o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0)) {
 			st = checkpoint(o, be, &f, &lg, step + 1);
 			if (st)
@@ -423,7 +442,7 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		}
 		if (stop) {
 			fprintf(lg.out, "stopped after step %lld%s; continue with --resume\n",
-				step + 1, stop_requested ? " (signal)" : " (--stop-after)");
+				step + 1, by_signal ? " (signal)" : " (--stop-after)");
 			goto out;
 		}
 		if (o->val_every > 0 && (step + 1) % o->val_every == 0 && step + 1 < o->steps) {

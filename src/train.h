@@ -57,6 +57,7 @@ struct ng_step_result {
 	double grad_norm;  /* before clipping */
 	double lr;
 	bool skipped;      /* update skipped: non-finite loss or gradient */
+	bool stop;         /* a rank asked to stop by this step (request_stop; same on every rank) */
 	double ms;         /* the step's time (GPU: device time between replays); 0 = unknown */
 };
 
@@ -81,6 +82,9 @@ struct ng_backend {
 	enum ng_status (*save_state)(void *ctx, struct ng_train_state *s, float **params32);
 	/* Restore s (F32 or F64 buffers, checked against the run's shape by the loop). */
 	enum ng_status (*load_state)(void *ctx, const struct ng_train_state *s);
+	/* Data parallelism: mark the steps submitted from now on as "stop asked" (NULL: one
+	 * process, the loop stops by itself). */
+	void (*request_stop)(void *ctx);
 	void (*free)(void *ctx);
 };
 

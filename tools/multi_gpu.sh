@@ -10,7 +10,7 @@
 # RUNS picks the parts (default "test w1_k2 w2 w2_zero1 w0"; also w2_nooverlap: --no-overlap,
 # w2_mpi: the same run launched by mpirun; w2_slurm: srun's environment by hand; w2_resume: 2 GPUs, --deterministic, 40 steps straight
 # against 20 steps + checkpoint + --resume to 40, losses compared bit for bit; w2_resume_zero1: the
-# same with --zero1).
+# same with --zero1; w2_signal: SIGTERM to one rank of a ZeRO-1 run, both stop at one step, resume).
 set -uo pipefail
 steps=${1:-60}
 out=${OUT:-multi-gpu-out}
@@ -102,6 +102,33 @@ PY
   grep -h -i -E "checkpoint|resum|wrote|error" "$out/${name}"_part*.log "$out/${name}"_resumed*.log | head -20 | tee -a "$out/summary.txt"
   cat "$out/${name}_part.files" | tee -a "$out/summary.txt"
 }
+# SIGTERM to rank 1 only (a signal reaches the ranks at different steps): both ranks must stop
+# after the same step, rank 0 writes the checkpoint (ZeRO-1: gathered from both), and --resume
+# continues from it
+if want w2_signal; then
+  rc_common=("${common[@]}")
+  common=(--model d12 --batch 16 --steps 3000 --seed 1337 --val-batches 0 --log-every 1 --zero1)
+  rm -rf "$out/ck_sig"; rm -f "$out/w2_signal.nccl-id" "$out/w2_signal.jsonl"
+  f=$out/w2_signal.nccl-id
+  $ng train "${common[@]}" --out "$out/ck_sig" --world 2 --rank 1 --dist-file "$f" >"$out/w2_signal.rank1.log" 2>&1 &
+  p1=$!
+  $ng train "${common[@]}" --out "$out/ck_sig" --world 2 --rank 0 --dist-file "$f" \
+    --metrics "$out/w2_signal.jsonl" >"$out/w2_signal.log" 2>&1 &
+  p0=$!
+  for i in $(seq 1 120); do [ "$(wc -l <"$out/w2_signal.jsonl" 2>/dev/null || echo 0)" -ge 40 ] && break; sleep 0.5; done
+  kill -TERM $p1
+  timeout 60 tail --pid=$p0 -f /dev/null; timeout 10 tail --pid=$p1 -f /dev/null
+  wait $p0; r0=$?; wait $p1; r1=$?
+  echo "w2_signal: rc rank0 $r0 rank1 $r1 | rank0: $(grep -h -E 'stopped|checkpoint' "$out/w2_signal.log" | tr '\n' ' ')| rank1: $(grep -h -E 'stopped' "$out/w2_signal.rank1.log")" | tee -a "$out/summary.txt"
+  n=$(grep -o 'stopped after step [0-9]*' "$out/w2_signal.log" | grep -o '[0-9]*$')
+  if [ -n "$n" ]; then
+    common=(--model d12 --batch 16 --steps $((n + 10)) --seed 1337 --val-batches 0 --log-every 1 --zero1)
+    two_ranks w2_signal_resumed --out "$out/ck_sig" --resume
+    echo "w2_signal resumed: $(grep -h -E 'resume:|done:' "$out/w2_signal_resumed.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+  fi
+  common=("${rc_common[@]}")
+fi
+
 want w2_resume && resume_check w2_resume
 want w2_resume_zero1 && resume_check w2_resume_zero1 --zero1
 
