@@ -19,6 +19,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/optim.h"
+#include "util/rng.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
@@ -422,35 +423,83 @@ enum ng_status ng_exec_run_eager_(struct ng_exec *e, const struct ng_graph *g, c
 
 /* One eager run of the train step with an event after every op: e->op_ms[i] = device time of
  * op i (including any gap before it, so launch-bound ops show as such). Init time only. */
+/* --profile: each op's device time in one step. With graphs (the default) the step is captured
+ * a second time with an event record node after every op and replayed PROFILE_REPLAYS times
+ * (the first warms up; each op gets the median of the others), so the figures are those of a
+ * replay: no launch gaps, the GPU as busy (and as power-limited) as in training. With
+ * --no-graph the ops are timed as launched. Tokens: a fixed pseudo-random batch (the all-zero
+ * warm-up batch makes the embedding backward one long run). Runs before reset_state(). */
+enum { PROFILE_REPLAYS = 5 };
+
 static enum ng_status profile_step(struct ng_exec *e)
 {
 	const struct ng_graph *g = &e->train;
-	int n = g->n_ops;
+	int n = g->n_ops, reps = e->cfg.no_graph ? 2 : PROFILE_REPLAYS;
+	size_t tok = (size_t)e->cfg.K * e->cfg.B * (e->cfg.T + 1);
+	for (size_t i = 0; i < tok; i++)
+		e->h_tokens[i] = (uint16_t)(ng_rng_mix64(0x9e3779b97f4a7c15ull + i) % (uint64_t)g->cfg.V);
 	cudaEvent_t *ev = calloc((size_t)n + 1, sizeof(*ev));
+	float *ms = calloc((size_t)n * reps, sizeof(float));
 	e->op_ms = calloc((size_t)n, sizeof(float));
-	if (!ev || !e->op_ms) {
+	if (!ev || !ms || !e->op_ms) {
 		free(ev);
+		free(ms);
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
 	}
+	cudaGraph_t gr = NULL;
+	cudaGraphExec_t ex = NULL;
+	unsigned flags = e->cfg.no_graph ? cudaEventRecordDefault : cudaEventRecordExternal;
 	enum ng_status st = NG_OK;
 	for (int i = 0; i <= n && !st; i++)
 		st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
-	if (!st)
-		st = NG_CUDA_CHECK(cudaEventRecord(ev[0], e->stream));
-	for (int i = 0; i < n && !st; i++) {
-		st = run_op(e, g, &g->ops[i], e->train_plan[i]);
-		if (!st)
-			st = NG_CUDA_CHECK(cudaEventRecord(ev[i + 1], e->stream));
+	if (!st && !e->cfg.no_graph)
+		st = NG_CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeGlobal));
+	for (int r = 0; r < (e->cfg.no_graph ? reps : 1) && !st; r++) {
+		st = NG_CUDA_CHECK(cudaEventRecordWithFlags(ev[0], e->stream, flags));
+		for (int i = 0; i < n && !st; i++) {
+			st = run_op(e, g, &g->ops[i], e->train_plan[i]);
+			if (!st)
+				st = NG_CUDA_CHECK(cudaEventRecordWithFlags(ev[i + 1], e->stream, flags));
+		}
+		if (!st && e->cfg.no_graph)
+			st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+		for (int i = 0; i < n && !st; i++)
+			st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[(size_t)i * reps + r], ev[i],
+								ev[i + 1]));
 	}
 	ng_check_set_node(NULL);
-	if (!st)
-		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
-	for (int i = 0; i < n && !st; i++)
-		st = NG_CUDA_CHECK(cudaEventElapsedTime(&e->op_ms[i], ev[i], ev[i + 1]));
+	if (!e->cfg.no_graph) {
+		cudaError_t ce = cudaStreamEndCapture(e->stream, &gr);
+		if (!st)
+			st = NG_CUDA_CHECK(ce);
+		if (!st)
+			st = NG_CUDA_CHECK(cudaGraphInstantiate(&ex, gr, 0));
+		for (int r = 0; r < reps && !st; r++) {
+			st = NG_CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
+			if (!st)
+				st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+			for (int i = 0; i < n && !st; i++)
+				st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[(size_t)i * reps + r],
+									ev[i], ev[i + 1]));
+		}
+	}
+	for (int i = 0; i < n && !st; i++) { /* median of replays 1..reps-1 */
+		float *v = ms + (size_t)i * reps + 1;
+		qsort(v, (size_t)reps - 1, sizeof(float), cmp_float);
+		e->op_ms[i] = (reps - 1) % 2 ? v[(reps - 1) / 2]
+					     : 0.5f * (v[(reps - 1) / 2 - 1] + v[(reps - 1) / 2]);
+	}
+	e->profile_replayed = !e->cfg.no_graph;
+	if (ex)
+		cudaGraphExecDestroy(ex);
+	if (gr)
+		cudaGraphDestroy(gr);
 	for (int i = 0; i <= n; i++)
 		if (ev[i])
 			cudaEventDestroy(ev[i]);
 	free(ev);
+	free(ms);
+	memset(e->h_tokens, 0, tok * sizeof(uint16_t));
 	return st;
 }
 

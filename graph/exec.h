@@ -96,6 +96,7 @@ struct ng_exec {
 	long long collected;           /* steps whose metrics were read */
 	long long step_base;           /* optimizer steps restored from a checkpoint (ring slots) */
 	float *op_ms;                  /* profile: device ms of each train op (n_ops), or NULL */
+	bool profile_replayed;         /* op_ms from graph replays (else eager launches) */
 	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
 	char device_name[256];
 	size_t device_total_bytes;     /* the GPU's memory */

@@ -43,7 +43,9 @@ void ng_exec_print_profile(const struct ng_exec *e, void *file)
 			rows[b] = rows[b - 1];
 			rows[b - 1] = t;
 		}
-	fprintf(f, "profile of one eager step (%d ops, %.2f ms of device time):\n", g->n_ops, total);
+	fprintf(f, "profile of one step, %s (%d ops, %.2f ms of device time):\n",
+		e->profile_replayed ? "graph replays with an event after each op, median of 4"
+				    : "ops launched eagerly", g->n_ops, total);
 	for (int j = 0; j < nr; j++)
 		fprintf(f, "  %-24s %-8s x%-4d %8.3f ms  %5.1f%%\n", ng_op_kind_name(rows[j].kind),
 			ng_op_which_name(rows[j].which), rows[j].count, rows[j].ms,
