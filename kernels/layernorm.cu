@@ -13,7 +13,12 @@
  * ~C/16 blocks share the work: the one-thread-per-column version ran on C/256 SMs). The grid is
  * exactly one wave on 132 SMs: ln_bwd_blocks_per_sm(NCH) blocks per SM, which the kernel's
  * __launch_bounds__ guarantees registers for (the fixed 528 blocks were 1.33 waves at C = 1600,
- * where 154 registers allowed only 3 blocks per SM). Same bytes every run.
+ * where 154 registers allowed only 3 blocks per SM). Same bytes every run. Used for C <= 1024.
+ * Backward above C = 1024, layernorm_bwd_staged: there the warp per row needs 145 registers
+ * (12 warps per SM, its loads in flight only between rows). Instead C/8 threads per block, each
+ * owning 8 channels of every row, so the dw/db partials are registers; the block's rows stream
+ * through 4 shared-memory stages with cp.async (3 rows in flight while one is processed), one
+ * block sum per row; same partials-reduce kernel after it (d48: 91-93 -> 72-77 us).
  * Formulas: dxhat = dout * w; dinp = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
  * References: llm.c layernorm_forward/backward; Ba et al. 2016 "Layer Normalization".
  */
@@ -29,6 +34,11 @@
                            * blocks per SM of its NCH class, a constant per C (the grid fixes
                            * the summation order, so it must not depend on the device) */
 #define LN_RED_SLICES 16  /* partial rows each column of the partials reduction splits into */
+#define LN_BWD_WARP_MAX_C 1024 /* backward: warp per row up to this C, staged above (measured:
+                                * staged 71.6-77.2 us vs 91-93 at C = 1600, but 129-131 vs
+                                * 121-125 at C = 768) */
+#define LN_BWD_STAGES 4   /* staged backward: shared-memory stages (3 and 6 measured no better) */
+#define LN_MAXW 16        /* warps of a staged block: C/8 threads, C <= 4096 */
 
 /* Chunks of 8 channels each lane holds: lane l owns channels l*8 + 256 j, j < NCH. The row
  * lives in registers, and all of a row's loads are issued before any is used (memory-level
@@ -240,6 +250,131 @@ static __global__ void layernorm_bwd_reduce_partials(float *dw, float *db, const
 	dst[c] += acc;
 }
 
+/* 16-byte asynchronous copy global -> shared (cp.async, sm_80+): bytes in flight hold no
+ * registers. A thread only ever reads back what it copied itself, so its own wait_group is the
+ * only synchronisation the staged rows need. */
+static __device__ __forceinline__ void ln_cp16_(void *smem, const void *gmem)
+{
+	unsigned d = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void ln_cp_commit_()
+{
+	asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int K> static __device__ __forceinline__ void ln_cp_wait_()
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(K) : "memory");
+}
+
+/* (a, b) summed over the block, in every thread: warp butterflies, then the warps' sums in warp
+ * order (fixed order). red: LN_MAXW slots that no thread may still be reading. */
+static __device__ __forceinline__ float2 ln_block_sum2_(float2 v, float2 *red, int nw)
+{
+	v = make_float2(ng_warp_sum_(v.x), ng_warp_sum_(v.y));
+	if (threadIdx.x % NG_WARP == 0)
+		red[threadIdx.x / NG_WARP] = v;
+	__syncthreads();
+	float2 t = red[0];
+	for (int i = 1; i < nw; i++)
+		t = make_float2(t.x + red[i].x, t.y + red[i].y);
+	return t;
+}
+
+/* Backward, staged (C > LN_BWD_WARP_MAX_C): C/8 threads, thread t owns channels 8t..8t+7 of
+ * every row, so its dw/db partials stay in registers (no shared-memory accumulation, 64
+ * registers instead of 145). Block b owns the rows [N b / grid, N (b + 1) / grid) and streams
+ * them (dout, inp, dinp) through S shared-memory stages with cp.async, S - 1 rows in flight
+ * while one is processed; one block sum (of the two row reductions) per row. Each block writes
+ * one partial row of dw and of db, summed in order by layernorm_bwd_reduce_partials. */
+template <int S, int MAXT>
+static __global__ void __launch_bounds__(MAXT, 1024 / MAXT)
+layernorm_bwd_staged(__nv_bfloat16 *dinp, float *part_dw, float *part_db,
+		     const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const __nv_bfloat16 *w,
+		     const float *mean, const float *rstd, int N, int C)
+{
+	extern __shared__ __align__(16) unsigned char ln_dyn[];
+	__nv_bfloat16 *stg = reinterpret_cast<__nv_bfloat16 *>(ln_dyn); /* (S, 3, C) */
+	__shared__ float2 red[2][LN_MAXW]; /* by row parity: one block sum per row */
+	int nw = blockDim.x / NG_WARP, c = threadIdx.x * 8;
+	bool on = c < C;
+	int r0 = (int)((long long)N * blockIdx.x / gridDim.x);
+	int r1 = (int)((long long)N * (blockIdx.x + 1) / gridDim.x);
+	float wv[8], dw[8], db[8];
+#pragma unroll
+	for (int q = 0; q < 8; q++)
+		dw[q] = db[q] = wv[q] = 0.0f;
+	if (on)
+		ng_unpack8_(wv, ng_load8_(w + c));
+#pragma unroll
+	for (int s = 0; s < S - 1; s++) {
+		int r = r0 + s;
+		if (on && r < r1) {
+			size_t off = (size_t)r * C + c;
+			ln_cp16_(stg + (size_t)(s * 3) * C + c, dout + off);
+			ln_cp16_(stg + (size_t)(s * 3 + 1) * C + c, inp + off);
+			ln_cp16_(stg + (size_t)(s * 3 + 2) * C + c, dinp + off);
+		}
+		ln_cp_commit_();
+	}
+	float m_next = 0.0f, rs_next = 0.0f; /* the next row's statistics, loaded a row ahead */
+	if (r0 < r1) {
+		m_next = mean[r0];
+		rs_next = rstd[r0];
+	}
+	for (int r = r0, k = 0; r < r1; r++, k++) {
+		int rn = r + S - 1, sn = (k + S - 1) % S, sc = k % S;
+		if (on && rn < r1) {
+			size_t off = (size_t)rn * C + c;
+			ln_cp16_(stg + (size_t)(sn * 3) * C + c, dout + off);
+			ln_cp16_(stg + (size_t)(sn * 3 + 1) * C + c, inp + off);
+			ln_cp16_(stg + (size_t)(sn * 3 + 2) * C + c, dinp + off);
+		}
+		ln_cp_commit_(); /* empty groups too: the count wait_group relies on */
+		float m = m_next, rs = rs_next;
+		if (r + 1 < r1) {
+			m_next = mean[r + 1];
+			rs_next = rstd[r + 1];
+		}
+		ln_cp_wait_<S - 1>(); /* row r (this thread's part of it) has landed */
+		float d[8], x[8];
+		float2 sum = make_float2(0.0f, 0.0f);
+		const __nv_bfloat16 *st = stg + (size_t)(sc * 3) * C + c;
+		if (on) {
+			ng_unpack8_(d, *reinterpret_cast<const struct ng_bf16x8 *>(st));
+			ng_unpack8_(x, *reinterpret_cast<const struct ng_bf16x8 *>(st + C));
+#pragma unroll
+			for (int q = 0; q < 8; q++) {
+				float xh = (x[q] - m) * rs, dx = d[q] * wv[q];
+				sum.x += dx;
+				sum.y += dx * xh;
+			}
+		}
+		sum = ln_block_sum2_(sum, red[k & 1], nw);
+		float s1 = sum.x / C, s2 = sum.y / C;
+		if (on) {
+			float g[8];
+			ng_unpack8_(g, *reinterpret_cast<const struct ng_bf16x8 *>(st + 2 * C));
+#pragma unroll
+			for (int q = 0; q < 8; q++) {
+				float xh = (x[q] - m) * rs;
+				g[q] += (d[q] * wv[q] - s1 - xh * s2) * rs;
+				dw[q] += d[q] * xh;
+				db[q] += d[q];
+			}
+			ng_store8_(dinp + (size_t)r * C + c, ng_pack8_(g));
+		}
+	}
+	if (on) {
+		float4 *pw = reinterpret_cast<float4 *>(part_dw + (size_t)blockIdx.x * C + c);
+		float4 *pb = reinterpret_cast<float4 *>(part_db + (size_t)blockIdx.x * C + c);
+		pw[0] = make_float4(dw[0], dw[1], dw[2], dw[3]);
+		pw[1] = make_float4(dw[4], dw[5], dw[6], dw[7]);
+		pb[0] = make_float4(db[0], db[1], db[2], db[3]);
+		pb[1] = make_float4(db[4], db[5], db[6], db[7]);
+	}
+}
+
 static int nch_of(int C) { return (C + NG_WARP * 8 - 1) / (NG_WARP * 8); }
 
 /* The backward's grid: one wave of ln_bwd_blocks_per_sm blocks per SM, fewer for small N. The
@@ -258,11 +393,44 @@ static int bwd_blocks(int N, int C)
 	return nb < cap ? nb : cap;
 }
 
+static int bwd_is_staged(int C) { return C > LN_BWD_WARP_MAX_C; }
+
+/* The staged backward: C/8 threads rounded up to a warp; its __launch_bounds__ class (256 or
+ * 512 threads) guarantees 64 registers a thread. */
+static int staged_threads(int C) { return ((C / 8 + NG_WARP - 1) / NG_WARP) * NG_WARP; }
+static size_t staged_smem(int S, int nin, int C) { return (size_t)S * nin * C * 2; }
+
+/* Blocks per SM of a staged kernel on an H100/H200, from C alone (threads, 64 registers a
+ * thread, shared memory): the backward's grid, which fixes its summation order. */
+static int staged_per_sm(int C, size_t smem)
+{
+	int t = staged_threads(C), per = 2048 / t;
+	if (per > 65536 / (t * 64))
+		per = 65536 / (t * 64);
+	int fit = (int)((227 * 1024) / (smem + 1024 + 256));
+	if (per > fit)
+		per = fit;
+	if (per > 32)
+		per = 32;
+	return per < 1 ? 1 : per;
+}
+
+static int bwd_staged_blocks(int N, int C)
+{
+	int cap = LN_BWD_SMS * staged_per_sm(C, staged_smem(LN_BWD_STAGES, 3, C));
+	return N < cap ? N : cap;
+}
+
+static int bwd_nblocks(int N, int C)
+{
+	return bwd_is_staged(C) ? bwd_staged_blocks(N, C) : bwd_blocks(N, C);
+}
+
 extern "C" size_t ng_layernorm_bwd_scratch_bytes(int N, int C)
 {
 	if (N <= 0 || C <= 0)
 		return 0;
-	return 2 * (size_t)bwd_blocks(N, C) * C * sizeof(float);
+	return 2 * (size_t)bwd_nblocks(N, C) * C * sizeof(float);
 }
 
 static enum ng_status check_args(const char *who, int N, int C, const void *p0, const void *p1,
@@ -330,6 +498,31 @@ static enum ng_status ln_launch(const struct ln_args *x, cudaStream_t s)
 	return ln_launch_nch<16, KIND>(x, s);
 }
 
+/* The staged backward at thread class MAXT. */
+template <int MAXT>
+static enum ng_status ln_launch_bwd_staged_t(const struct ln_args *x, cudaStream_t s)
+{
+	int C = x->C;
+	size_t smem = staged_smem(LN_BWD_STAGES, 3, C);
+	auto k = layernorm_bwd_staged<LN_BWD_STAGES, MAXT>;
+	enum ng_status st = ng_ensure_smem_(k, smem);
+	if (st)
+		return st;
+	k<<<bwd_staged_blocks(x->N, C), staged_threads(C), smem, s>>>(
+		x->dinp, x->part_dw, x->part_db, x->dout, x->a, x->w, x->cmean, x->crstd, x->N, C);
+	return NG_LAUNCH_CHECK("layernorm_bwd_staged");
+}
+
+/* The backward's partials: warp per row up to LN_BWD_WARP_MAX_C, staged above. */
+static enum ng_status ln_launch_bwd(const struct ln_args *x, cudaStream_t s)
+{
+	if (!bwd_is_staged(x->C))
+		return ln_launch<2>(x, s);
+	if (staged_threads(x->C) <= 256)
+		return ln_launch_bwd_staged_t<256>(x, s);
+	return ln_launch_bwd_staged_t<512>(x, s);
+}
+
 extern "C" enum ng_status ng_layernorm_fwd(ng_bf16 *out, float *mean, float *rstd,
 					   const ng_bf16 *inp, const ng_bf16 *w, const ng_bf16 *b,
 					   int N, int C, cudaStream_t s)
@@ -381,7 +574,7 @@ extern "C" enum ng_status ng_layernorm_bwd(ng_bf16 *dinp, float *dw, float *db,
 	enum ng_status st = check_args("ng_layernorm_bwd", N, C, dinp, dout, inp, w, scratch, dinp);
 	if (st)
 		return st;
-	int nb = bwd_blocks(N, C);
+	int nb = bwd_nblocks(N, C);
 	struct ln_args x = {};
 	x.dinp = (__nv_bfloat16 *)dinp;
 	x.part_dw = (float *)scratch;
@@ -393,7 +586,7 @@ extern "C" enum ng_status ng_layernorm_bwd(ng_bf16 *dinp, float *dw, float *db,
 	x.crstd = rstd;
 	x.N = N;
 	x.C = C;
-	if ((st = ln_launch<2>(&x, s)))
+	if ((st = ln_launch_bwd(&x, s)))
 		return st;
 	dim3 rgrid((unsigned)((C + NG_WARP - 1) / NG_WARP), 2), rblock(NG_WARP, LN_RED_SLICES);
 	layernorm_bwd_reduce_partials<<<rgrid, rblock, 0, s>>>(dw, db, x.part_dw, x.part_db, nb, C);
