@@ -5,7 +5,8 @@
  * a naive fp32 loop over positions, onto nonzero random dwte/dwpe ("+="), with tokens uniform,
  * with heavy repeats, all equal, or Zipfian (long runs that the backward cuts into windows and
  * recombines); and bit-identical over two runs.
- * Shapes: T = 1, C = 776 (8 x 97), 200, 24, 8, Vp = 50304, 50257, 1, B*T up to 65536.
+ * Shapes: T = 1, C = 1600, 776 (8 x 97), 200, 24, 8, Vp = 50304, 50257, 1, B*T up to 65536
+ * (the backward's packed 32-bit sort keys) and 131072 (too many position bits: the pairs sort).
  */
 #include <criterion/criterion.h>
 
@@ -153,6 +154,7 @@ Test(encoder, fwd_shapes)
 	encoder_fwd_case(4, 64, 768, 50304);
 	encoder_fwd_case(3, 1, 776, 50257);
 	encoder_fwd_case(2, 37, 8, 131);
+	encoder_fwd_case(16, 1024, 1600, 2000);
 }
 
 Test(encoder, bwd_shapes_and_determinism)
@@ -163,6 +165,8 @@ Test(encoder, bwd_shapes_and_determinism)
 	encoder_bwd_case(16, 256, 776, 1000, TOK_MODE_HOT);
 	encoder_bwd_case(5, 1, 776, 50257, TOK_MODE_HOT);
 	encoder_bwd_case(2, 37, 8, 131, TOK_MODE_HOT);
+	/* 131072 positions (17 bits) + 16 token bits do not pack into 32-bit keys: the pairs sort */
+	encoder_bwd_case(128, 1024, 8, 50304, TOK_MODE_UNIFORM);
 }
 
 /* Long runs cut into windows and recombined: every token equal (one run over every window),
