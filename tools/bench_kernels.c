@@ -11,8 +11,12 @@
  * with real-text-like tokens: Zipfian (p(rank r) ~ 1/r over V, so ',' and ' the'-like tokens
  * fill thousands of rows) and every token equal (the executor's warm-up batch).
  * Buffers hold a constant bit pattern (0x3c3c..: small finite values) except tokens and targets.
- * Usage: bench_kernels [--only SUBSTR] [d12|d48]... (default both): one line per kernel, only
- * the kernels whose name contains SUBSTR with --only.
+ * A first line per shape times cudaMemcpyAsync of an (N, C) bf16 tensor: what a plain copy of
+ * that size reaches (d48's 105 MB: ~72%, the launch and the ramp weigh on a 25 us copy).
+ * --gpu-time queues a ~100 us filler kernel ahead of each start event, so the interval holds GPU
+ * time alone (as in the step's graph replay), not the host's launch latency.
+ * Usage: bench_kernels [--only SUBSTR] [--gpu-time] [d12|d48]... (default both): one line per
+ * kernel, only the kernels whose name contains SUBSTR with --only.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -87,6 +91,8 @@ static int cmp_float(const void *a, const void *b)
 typedef enum ng_status (*launch_fn)(struct bench *b, int rot, void *arg);
 
 static const char *only_kernels; /* --only SUBSTR: time only the kernels whose name has it */
+static void *filler_buf;         /* --gpu-time: (FILLER_FLOATS) fp32 read by the filler */
+#define FILLER_FLOATS (64u << 20) /* 256 MB read + 128 MB written: ~100 us on an H200 */
 
 /* Times one kernel, prints its line and returns the median seconds (0 when --only skips it). */
 static double time_kernel(struct bench *b, const char *kernel, double bytes, launch_fn fn,
@@ -99,6 +105,9 @@ static double time_kernel(struct bench *b, const char *kernel, double bytes, lau
 	cudaEventCreate(&e1);
 	float ms[REPS];
 	for (int i = 0; i < WARMUP + REPS; i++) {
+		if (filler_buf) /* --gpu-time: the GPU is busy while the host submits */
+			ng_cast_f32_to_bf16((ng_bf16 *)filler_buf + 2 * (size_t)FILLER_FLOATS,
+					    (const float *)filler_buf, FILLER_FLOATS, 0);
 		cudaEventRecord(e0, 0);
 		if (fn(b, i, arg) != NG_OK) {
 			fprintf(stderr, "bench_kernels: %s: %s\n", kernel, ng_error_message());
@@ -138,6 +147,12 @@ static enum ng_status l_encoder_fwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_encoder_fwd(AT(x, 0, r), b->tokens, AT(x, 1, r), AT(x, 2, r), b->B, b->T, b->C, 0);
+}
+static enum ng_status l_copy(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return NG_CUDA_CHECK(
+		cudaMemcpyAsync(AT(x, 0, r), AT(x, 1, r), x->sz[0], cudaMemcpyDeviceToDevice, 0));
 }
 static enum ng_status l_encoder_bwd(struct bench *b, int r, void *a)
 {
@@ -314,6 +329,10 @@ static void run_shape(const char *preset, int B)
 	size_t act = N * C * 2, wte = (size_t)b->Vp * C, wpe = (size_t)b->T * C;
 	double by;
 
+	by = 2.0 * act;
+	setup(b, &x, by, 2, (size_t[]){act, act});
+	time_kernel(b, "copy (N x C bf16, cudaMemcpy)", by, l_copy, &x);
+
 	by = 2.0 * act + wpe * 2 + N * 4;
 	setup(b, &x, by, 3, (size_t[]){act, wte * 2, wpe * 2});
 	time_kernel(b, "encoder_fwd", by, l_encoder_fwd, &x);
@@ -325,9 +344,10 @@ static void run_shape(const char *preset, int B)
 	b->bwd_tokens = b->tokens;
 	double t = time_kernel(b, "encoder_bwd (sort+windows)", by, l_encoder_bwd, &x);
 	/* What this implementation moves: dout twice (the dwte gather and the dwpe sum), dwte and
-	 * dwpe read and written, and the sort's traffic: iota (4n), histogram (4n), two 8-bit
-	 * onesweep passes over keys+values (2 x 16n), the run kernel's keys and positions (~12n). */
-	double impl = 2.0 * act + 2.0 * uniq * C * 4 + 2.0 * wpe * 4 + 52.0 * N;
+	 * dwpe read and written, and the sort's traffic (packed 32-bit keys at these shapes): keys
+	 * built (8n), histogram (4n), two 8-bit onesweep passes over the keys (2 x 8n), the window
+	 * kernel's keys (5 slots read per slot: ~20n). */
+	double impl = 2.0 * act + 2.0 * uniq * C * 4 + 2.0 * wpe * 4 + 48.0 * N;
 	if (t > 0)
 		printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB moved by this "
 		       "implementation)\n", b->name, "  same, implementation bytes", t * 1e6,
@@ -424,9 +444,24 @@ int main(int argc, char **argv)
 	}
 	printf("# shape kernel  median-time  GB/s  %%-of-copy-bandwidth  (bytes moved, rotation)\n");
 	int first = 1;
-	if (argc >= 3 && strcmp(argv[1], "--only") == 0) {
-		only_kernels = argv[2];
-		first = 3;
+	while (first < argc && strncmp(argv[first], "--", 2) == 0) {
+		if (strcmp(argv[first], "--only") == 0 && first + 1 < argc) {
+			only_kernels = argv[first + 1];
+			first += 2;
+		} else if (strcmp(argv[first], "--gpu-time") == 0) {
+			if (NG_CUDA_CHECK(cudaMalloc(&filler_buf, 4 * (size_t)FILLER_FLOATS +
+								     2 * (size_t)FILLER_FLOATS))) {
+				fprintf(stderr, "bench_kernels: %s\n", ng_error_message());
+				return 1;
+			}
+			cudaMemset(filler_buf, 0, 6 * (size_t)FILLER_FLOATS);
+			first++;
+		} else {
+			fprintf(stderr, "bench_kernels: unknown option %s\n"
+				"---> HINT: bench_kernels [--only SUBSTR] [--gpu-time] [d12|d48]...\n",
+				argv[first]);
+			return 2;
+		}
 	}
 	if (argc <= first) {
 		run_shape("d12", 64);
