@@ -461,7 +461,9 @@ static enum ng_status profile_step(struct ng_exec *e)
 			if (!st)
 				st = NG_CUDA_CHECK(cudaEventRecordWithFlags(ev[i + 1], e->stream, flags));
 		}
-		if (!st && e->cfg.no_graph)
+		if (!e->cfg.no_graph)
+			break; /* captured: timed by the replays below */
+		if (!st)
 			st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 		for (int i = 0; i < n && !st; i++)
 			st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[(size_t)i * reps + r], ev[i],
