@@ -67,7 +67,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--metrics", NG_FLAG_STRING, &o.metrics_path, 0, 0, "FILE",
 		  "one JSON object per step (and per validation)", false },
 		{ "--profile", NG_FLAG_BOOL, &o.profile, 0, 0, NULL,
-		  "GPU: time every op in replays of the captured step at start; print where the time goes", false },
+		  "GPU: time every op in replays of the captured step at start; print where the "
+		  "time goes", false },
 		{ "--autotune", NG_FLAG_BOOL, &o.autotune, 0, 0, NULL,
 		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time", false },
 		{ "--recompute", NG_FLAG_STRING, &o.recompute, 0, 0, "WHAT",
