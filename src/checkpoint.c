@@ -279,6 +279,7 @@ enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state
 	meta_set(meta, "B", (unsigned long long)s->B);
 	meta_set(meta, "Tseq", (unsigned long long)s->T);
 	meta_set(meta, "K", (unsigned long long)s->K);
+	meta_set(meta, "world", (unsigned long long)(s->world > 1 ? s->world : 1));
 	meta_set(meta, "has_pos", s->has_pos);
 	meta_set(meta, "pos_seed", s->pos.seed);
 	meta_set(meta, "pos_windows", s->pos.windows);

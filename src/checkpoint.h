@@ -48,6 +48,8 @@ struct ng_train_state {
 	uint64_t seed;               /* init and data order */
 	bool has_pos;                /* pos is meaningful (training from shards) */
 	struct ng_loader_pos pos;    /* position of the next training batch */
+	int world;                   /* processes of the run that wrote it; 0: not recorded (files
+	                              * of earlier versions), not checked on resume */
 	int elem_size;               /* 4 (float) or 8 (double): the master weights' precision */
 	size_t n;                    /* elements per buffer: the flat layout's total */
 	void *params;                /* (n) master weights, flat layout of graph/gpt.h */

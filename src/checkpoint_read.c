@@ -362,13 +362,16 @@ enum ng_status ng_ckpt_read_state(const char *path, struct ng_train_state *s)
 	s->B = (int)meta_get(&f, "B");
 	s->T = (int)meta_get(&f, "Tseq");
 	s->K = (int)meta_get(&f, "K");
+	long long world = meta_get(&f, "world"); /* absent in files of earlier versions */
+	s->world = world < 0 ? 0 : (int)world;
 	s->step = meta_get(&f, "step");
 	s->n_skipped = meta_get(&f, "n_skipped");
 	s->seed = meta_u64(&f, "seed");
 	s->has_pos = meta_get(&f, "has_pos") == 1;
 	s->pos = (struct ng_loader_pos){ meta_u64(&f, "pos_seed"), meta_u64(&f, "pos_windows"),
 					 meta_u64(&f, "pos_epoch"), meta_u64(&f, "pos_batch") };
-	if (s->step < 0 || s->n_skipped < 0 || s->B <= 0 || s->T <= 0 || s->K <= 0) {
+	if (s->step < 0 || s->n_skipped < 0 || s->B <= 0 || s->T <= 0 || s->K <= 0 ||
+	    s->world < 0) {
 		st = bad(path, "step, batch or shape metadata missing");
 		goto out;
 	}

@@ -279,6 +279,7 @@ static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backen
 	s.T = o->shape.T;
 	s.K = o->shape.K;
 	s.seed = (uint64_t)o->seed;
+	s.world = f->world;
 	s.has_pos = !f->synthetic;
 	if (s.has_pos)
 		ng_loader_tell(&f->train, &s.pos);
@@ -315,6 +316,14 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 			s.cfg.T, s.cfg.V, s.K, s.B, s.T, (unsigned long long)s.seed,
 			s.has_pos ? "shard" : "synthetic");
 		ng_hint("resume with the same model, batch, --seed and data flags as that run");
+		ng_ckpt_state_free(&s);
+		return NG_ERR_INPUT;
+	}
+	if (s.world && s.world != f->world) {
+		ng_fail(NG_ERR_INPUT, "--resume: %s was written by a run of %d process%s, this one has "
+			"%d", path, s.world, s.world == 1 ? "" : "es", f->world);
+		ng_hint("resume with the same number of processes: the global batch and each rank's "
+			"data windows depend on it");
 		ng_ckpt_state_free(&s);
 		return NG_ERR_INPUT;
 	}

@@ -348,6 +348,26 @@ Test(checkpoint, cpu_resume_is_bit_identical)
 	ng_clear_error();
 	cr_assert_eq(ng_cmd_train(14, argv), NG_ERR_INPUT);
 	cr_assert(strstr(ng_error_message(), "written by another run"), "%s", ng_error_message());
+
+	/* ... and so is resuming a state written by another number of processes */
+	struct ng_train_state st;
+	cr_assert_eq(ng_ckpt_read_state(pb, &st), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(st.world, 1);
+	cr_assert_eq(st.elem_size, 8);
+	float *p32 = malloc(st.n * sizeof(float));
+	for (size_t i = 0; i < st.n; i++)
+		p32[i] = (float)((const double *)st.params)[i];
+	st.world = 2;
+	cr_assert_eq(ng_ckpt_save(bdir, &st, p32), NG_OK, "%s", ng_error_message());
+	free(p32);
+	ng_ckpt_state_free(&st);
+	cr_assert_eq(ng_ckpt_read_state(pb, &st), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(st.world, 2);
+	ng_ckpt_state_free(&st);
+	ng_clear_error();
+	cr_assert_eq(train(bdir, "--resume", NULL, mb, seed), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "2 processes, this one has 1"), "%s",
+		  ng_error_message());
 }
 
 /* A writer killed with SIGKILL at a random moment leaves `latest` naming a checkpoint that loads
