@@ -335,3 +335,29 @@ Test(step, plan_check_fit)
 	cr_assert(strstr(ng_error_hint(), "recompute"), "hint: %s", ng_error_hint());
 	ng_clear_error();
 }
+
+/* --gelu-fusion: every accepted spelling, its bits and its name; "auto" keeps the fused backward
+ * until the device has timed it; anything else is one error line. */
+Test(step, gelu_fusion_names)
+{
+	const char *text[] = { "none", "fwd", "bwd", "fwd,bwd", "bwd,fwd", "auto" };
+	int bits[] = { 0, NG_GELU_FUSE_FWD, NG_GELU_FUSE_BWD, NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD,
+		       NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD,
+		       NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO };
+	const char *name[] = { "none", "fwd", "bwd", "fwd,bwd", "fwd,bwd", "auto: fwd,bwd" };
+	for (int i = 0; i < 6; i++) {
+		int m = -1;
+		cr_assert_eq(ng_step_parse_gelu_fusion(text[i], &m), NG_OK, "%s", text[i]);
+		cr_assert_eq(m, bits[i], "%s -> %d", text[i], m);
+		cr_assert_str_eq(ng_step_gelu_fusion_name(m), name[i]);
+	}
+	cr_assert_str_eq(ng_step_gelu_fusion_name(NG_GELU_FUSE_FWD | NG_GELU_FUSE_AUTO), "auto: fwd");
+	struct ng_step_options o;
+	ng_step_default_options(&o);
+	cr_assert_eq(o.fuse_gelu, NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO);
+	int m = 5;
+	ng_clear_error();
+	cr_assert_eq(ng_step_parse_gelu_fusion("fused", &m), NG_ERR_INPUT);
+	cr_assert_eq(m, 5);
+	cr_assert(strstr(ng_error_message(), "--gelu-fusion 'fused'"), "%s", ng_error_message());
+}
