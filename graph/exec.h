@@ -76,7 +76,8 @@ struct ng_exec {
 	struct ng_attention att;       /* one plan: every layer has the same shape */
 	struct ng_exec_matmul plans[NG_EXEC_MAX_PLANS];
 	int n_plans;
-	float dgelu_ms[2];             /* gelu-fusion auto: FC-proj backward fused / plain+kernel */
+	float dgelu_ms[2];             /* gelu-fusion auto: FC-proj backward fused / plain+kernel
+	                                * (-1: not timed, no device memory to spare) */
 	int *train_plan;               /* per train op: index into plans, or -1 */
 	int *eval_plan;                /* per eval op */
 	uint16_t *h_tokens;            /* pinned (K, B, T+1): the next step's tokens */

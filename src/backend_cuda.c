@@ -154,7 +154,10 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
 		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
 	fprintf(log, "attention: %s\n", ng_attention_describe(&e->att));
-	if (g->fuse_gelu & NG_GELU_FUSE_AUTO)
+	if ((g->fuse_gelu & NG_GELU_FUSE_AUTO) && e->dgelu_ms[0] < 0)
+		fprintf(log, "gelu fusion: %s (not timed: no device memory to spare)\n",
+			ng_step_gelu_fusion_name(g->fuse_gelu));
+	else if (g->fuse_gelu & NG_GELU_FUSE_AUTO)
 		fprintf(log, "gelu fusion: %s (FC-proj backward timed: DGELU epilogue %.3f ms, "
 			"matmul + GELU kernel %.3f ms)\n", ng_step_gelu_fusion_name(g->fuse_gelu),
 			e->dgelu_ms[0], e->dgelu_ms[1]);
