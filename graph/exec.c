@@ -142,7 +142,7 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 		bytes += ALIGN_UP(sizes[i], 256);
 	}
 	char *buf = NULL;
-	cudaEvent_t ev[3] = { 0 };
+	cudaEvent_t ev[2] = { 0 };
 	float ms[2][REPS];
 	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
 		/* no room to time it: keep the bits as given; if the step itself does not fit,
@@ -152,7 +152,7 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 		return NG_OK;
 	}
 	st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream)); /* bf16 0x3c3c = 0.0115 */
-	for (int i = 0; i < 3 && !st; i++)
+	for (int i = 0; i < 2 && !st; i++)
 		st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
 	for (int r = 0; r < WARM + REPS && !st; r++) {
 		for (int v = 0; v < 2 && !st; v++) {
@@ -172,7 +172,7 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 				st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[v][r - WARM], ev[0], ev[1]));
 		}
 	}
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 2; i++)
 		if (ev[i])
 			cudaEventDestroy(ev[i]);
 	cudaFree(buf);
@@ -426,8 +426,6 @@ enum ng_status ng_exec_run_eager_(struct ng_exec *e, const struct ng_graph *g, c
 	return NG_OK;
 }
 
-/* One eager run of the train step with an event after every op: e->op_ms[i] = device time of
- * op i (including any gap before it, so launch-bound ops show as such). Init time only. */
 /* --profile: each op's device time in one step. With graphs (the default) the step is captured
  * a second time with an event record node after every op and replayed PROFILE_REPLAYS times
  * (the first warms up; each op gets the median of the others), so the figures are those of a
@@ -538,8 +536,13 @@ static enum ng_status reset_state(struct ng_exec *e)
 	if (!h)
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory for %zu parameters", n);
 	ng_gpt_init(&g->cfg, &g->lay, e->cfg.seed, h);
-	enum ng_status st = NG_CUDA_CHECK(cudaMemcpy(ng_exec_tensor_(e, g, g->t_params), h, n * sizeof(float),
-						     cudaMemcpyHostToDevice));
+	/* stream-ordered: a pageable cudaMemcpy may return before its DMA lands, and the cast
+	 * below runs on a non-blocking stream */
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpyAsync(ng_exec_tensor_(e, g, g->t_params), h,
+							  n * sizeof(float), cudaMemcpyHostToDevice,
+							  e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	free(h);
 	if (!st)
 		st = ng_cast_f32_to_bf16(ng_exec_tensor_(e, g, g->t_params_bf16), ng_exec_tensor_(e, g, g->t_params), n,
@@ -586,13 +589,18 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	opt.deterministic = cfg->deterministic;
 	if (opt.deterministic) /* a timed choice could differ between two runs */
 		opt.fuse_gelu &= ~NG_GELU_FUSE_AUTO;
-	if (!st && (opt.fuse_gelu & NG_GELU_FUSE_AUTO)) {
-		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
-		st = choose_dgelu(e, &fuse);
-		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
-	}
+	/* built first, so that a bad shape gets the builder's message before anything is timed */
 	if (!st)
 		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
+	if (!st && (opt.fuse_gelu & NG_GELU_FUSE_AUTO)) {
+		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0, built = fuse;
+		st = choose_dgelu(e, &fuse);
+		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
+		if (!st && fuse != built) {
+			ng_graph_free(&e->train);
+			st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
+		}
+	}
 	if (!st && cfg->eval_batches > 0)
 		st = ng_step_build_eval(&e->eval, &cfg->model, cfg->B, cfg->T, cfg->eval_batches,
 					&opt);

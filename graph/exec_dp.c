@@ -111,6 +111,12 @@ enum ng_status ng_exec_dp_after_op_(struct ng_exec *e, const struct ng_graph *g,
 }
 
 /* GRAD_NORM with overlap: join dp_stream, then all-reduce what was not sent (one group). */
+/* The step state's loss_sum and stop are mean-reduced as two adjacent floats. */
+_Static_assert(offsetof(struct ng_step_state, stop) ==
+		       offsetof(struct ng_step_state, loss_sum) + sizeof(float),
+	       "ng_step_state: stop must follow loss_sum");
+_Static_assert(sizeof(struct ng_metrics_record) == 32, "ng_metrics_record: 32 bytes");
+
 /* loss: the step state's {loss_sum, stop}, mean-reduced together. */
 static enum ng_status ng_exec_dp_reduce_rest_(struct ng_exec *e, const struct ng_graph *g, float *loss,
 				     cudaStream_t s)

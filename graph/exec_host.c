@@ -146,18 +146,26 @@ enum ng_status ng_exec_upload(struct ng_exec *e, int tensor, const void *host)
 	const struct ng_graph *g = &e->train;
 	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
 		return NG_ERR_RUNTIME;
-	return NG_CUDA_CHECK(cudaMemcpy(ng_exec_tensor_(e, g, tensor), host, g->tensors[tensor].bytes,
-					cudaMemcpyHostToDevice));
+	/* on e->stream: a pageable cudaMemcpy may return before its DMA lands, unordered with the
+	 * (non-blocking) stream's next kernels */
+	if (NG_CUDA_CHECK(cudaMemcpyAsync(ng_exec_tensor_(e, g, tensor), host,
+					  g->tensors[tensor].bytes, cudaMemcpyHostToDevice, e->stream)))
+		return NG_ERR_RUNTIME;
+	return NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 }
 
-/* Host <-> device copies of the first `bytes` of a persistent tensor (synchronous). */
+/* Host <-> device copies of `bytes` of a persistent tensor from byte `off`, on e->stream and
+ * waited for (a pageable host-to-device cudaMemcpy may return before its DMA lands, unordered
+ * with the non-blocking stream). */
 static enum ng_status copy_(struct ng_exec *e, int tensor, size_t off, void *host, size_t bytes,
 			    enum cudaMemcpyKind kind)
 {
 	char *dev = (char *)ng_exec_tensor_(e, &e->train, tensor) + off;
-	return NG_CUDA_CHECK(cudaMemcpy(kind == cudaMemcpyHostToDevice ? (void *)dev : host,
-					kind == cudaMemcpyHostToDevice ? host : (void *)dev, bytes,
-					kind));
+	if (NG_CUDA_CHECK(cudaMemcpyAsync(kind == cudaMemcpyHostToDevice ? (void *)dev : host,
+					  kind == cudaMemcpyHostToDevice ? host : (void *)dev, bytes,
+					  kind, e->stream)))
+		return NG_ERR_RUNTIME;
+	return NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 }
 
 enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, float *v,
@@ -168,13 +176,17 @@ enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, floa
 		return ng_fail(NG_ERR_RUNTIME, "checkpoint with %lld steps in flight",
 			       e->submitted - e->collected);
 	size_t bytes = g->lay.total * sizeof(float);
-	struct ng_step_state ss;
+	struct ng_step_state ss = { 0 };
 	enum ng_status st = ng_exec_download(e, g->t_step_state, &ss);
 	if (!st && params)
 		st = copy_(e, g->t_params, 0, params, bytes, cudaMemcpyDeviceToHost);
-	if (!st && e->cfg.zero1 && e->cfg.world > 1)
-		st = ng_exec_dp_gather_moments_(e, m, v);
-	else if (!st && m)
+	if (e->cfg.zero1 && e->cfg.world > 1) {
+		/* collective: joined even after a failure above, or the other ranks would wait in
+		 * it for ever (nothing is copied out then) */
+		enum ng_status g2 = ng_exec_dp_gather_moments_(e, st ? NULL : m, st ? NULL : v);
+		if (!st)
+			st = g2;
+	} else if (!st && m)
 		st = copy_(e, g->t_adam_m, 0, m, bytes, cudaMemcpyDeviceToHost);
 	if (!st && v && !(e->cfg.zero1 && e->cfg.world > 1))
 		st = copy_(e, g->t_adam_v, 0, v, bytes, cudaMemcpyDeviceToHost);
@@ -197,11 +209,10 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	if (e->cfg.zero1 && e->cfg.world > 1) { /* this rank's shard of the moments; padding 0 */
 		off = e->shard_off < total ? e->shard_off : total;
 		n = total - off < e->shard_len ? total - off : e->shard_len;
-		if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)) ||
-		    NG_CUDA_CHECK(cudaMemset(ng_exec_tensor_(e, g, g->t_adam_m), 0,
-					     e->shard_len * sizeof(float))) ||
-		    NG_CUDA_CHECK(cudaMemset(ng_exec_tensor_(e, g, g->t_adam_v), 0,
-					     e->shard_len * sizeof(float))))
+		if (NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_adam_m), 0,
+						  e->shard_len * sizeof(float), e->stream)) ||
+		    NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_adam_v), 0,
+						  e->shard_len * sizeof(float), e->stream)))
 			return NG_ERR_RUNTIME;
 	}
 	enum ng_status st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
@@ -215,8 +226,7 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 		st = copy_(e, g->t_adam_v, 0, (void *)(v + off), n * sizeof(float),
 			   cudaMemcpyHostToDevice);
 	if (!st)
-		st = NG_CUDA_CHECK(cudaMemcpy(ng_exec_tensor_(e, g, g->t_step_state), &ss, sizeof(ss),
-					      cudaMemcpyHostToDevice));
+		st = copy_(e, g->t_step_state, 0, &ss, sizeof(ss), cudaMemcpyHostToDevice);
 	if (!st)
 		st = ng_cast_f32_to_bf16(ng_exec_tensor_(e, g, g->t_params_bf16), ng_exec_tensor_(e, g, g->t_params),
 					 total, e->stream);

@@ -106,7 +106,9 @@ enum ng_status ng_sampler_init(struct ng_sampler *s, const struct ng_sampler_con
 	size_t bytes = s->lay.total * sizeof(float);
 	if (NG_CUDA_CHECK(cudaMalloc((void **)&tmp, bytes)))
 		return NG_ERR_RUNTIME;
-	st = NG_CUDA_CHECK(cudaMemcpy(tmp, params, bytes, cudaMemcpyHostToDevice));
+	/* on the (non-blocking) stream: a pageable cudaMemcpy may return before its DMA lands,
+	 * and nothing would order it before the cast */
+	st = NG_CUDA_CHECK(cudaMemcpyAsync(tmp, params, bytes, cudaMemcpyHostToDevice, s->stream));
 	if (!st)
 		st = ng_cast_f32_to_bf16(s->w, tmp, s->lay.total, s->stream);
 	if (!st)
@@ -183,13 +185,17 @@ enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, 
 	bool stop = s->cfg.stop_at_eot && m->V > NG_SAMPLER_EOT && n_new > 0;
 	int done = n_new;
 	cudaEvent_t e0, e1;
-	enum ng_status st = NG_CUDA_CHECK(cudaMemcpy(s->tokens, prompt, n_prompt * sizeof(int32_t),
-						     cudaMemcpyHostToDevice));
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpyAsync(s->tokens, prompt,
+							  n_prompt * sizeof(int32_t),
+							  cudaMemcpyHostToDevice, s->stream));
 	if (!st)
-		st = NG_CUDA_CHECK(cudaMemcpy(s->pos, &zero, sizeof(int), cudaMemcpyHostToDevice));
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(s->pos, &zero, sizeof(int),
+						   cudaMemcpyHostToDevice, s->stream));
 	if (!st)
-		st = NG_CUDA_CHECK(cudaMemcpy(s->n_prompt, &n_prompt, sizeof(int),
-					      cudaMemcpyHostToDevice));
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(s->n_prompt, &n_prompt, sizeof(int),
+						   cudaMemcpyHostToDevice, s->stream));
+	if (!st) /* the locals above stay alive; wait so the copies are done either way */
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(s->stream));
 	if (st || NG_CUDA_CHECK(cudaEventCreate(&e0)))
 		return NG_ERR_RUNTIME;
 	if (NG_CUDA_CHECK(cudaEventCreate(&e1))) {

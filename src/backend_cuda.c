@@ -47,8 +47,12 @@ static enum ng_status cu_save_state(void *ctx, struct ng_train_state *s, float *
 	if (e->cfg.rank != 0)
 		return ng_exec_snapshot(e, NULL, NULL, NULL, &s->step, &s->n_skipped);
 	enum ng_status st = ng_ckpt_state_alloc(s, 4, g->lay.total);
-	if (!st)
-		st = ng_exec_snapshot(e, s->params, s->m, s->v, &s->step, &s->n_skipped);
+	if (st) { /* ZeRO-1: the other ranks wait in the gather; join it, then fail */
+		if (e->cfg.zero1 && e->cfg.world > 1)
+			ng_exec_snapshot(e, NULL, NULL, NULL, &s->step, &s->n_skipped);
+		return st;
+	}
+	st = ng_exec_snapshot(e, s->params, s->m, s->v, &s->step, &s->n_skipped);
 	if (!st && !(*params32 = malloc(g->lay.total * sizeof(float))))
 		st = ng_fail(NG_ERR_RUNTIME, "out of host memory for a checkpoint");
 	if (st) {

@@ -305,7 +305,7 @@ static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const struct
 	c.step.recompute_gelu = g->recompute_gelu;
 	c.step.recompute_layernorm = g->recompute_layernorm;
 	c.step.head_chunk_rows = g->head_chunk_rows;
-	c.step.fuse_gelu = g->fuse_gelu;
+	c.step.fuse_gelu = g->fuse_gelu & ~NG_GELU_FUSE_AUTO; /* as drawn, not re-timed */
 	c.deterministic = g->deterministic;
 	c.sched = (struct ng_schedule){ 6e-4f, 0.1f, 1, 2, 1 };
 	c.clip = 1.0f;

@@ -463,8 +463,11 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		}
 	}
 	st = drain(be, &lg, true, o->log_every);
-	if (!st && o->ckpt_every > 0 && o->steps % o->ckpt_every != 0 && start < o->steps)
-		st = checkpoint(o, be, &f, &lg, o->steps); /* the final model, always */
+	/* the final model, with --ckpt-every or after a signal too late to stop before the end
+	 * (every rank has the same stop_at once all steps are collected) */
+	bool written = o->ckpt_every > 0 && o->steps % o->ckpt_every == 0;
+	if (!st && start < o->steps && !written && (o->ckpt_every > 0 || lg.stop_at))
+		st = checkpoint(o, be, &f, &lg, o->steps);
 	if (!st)
 		st = validate(be, &f, &lg, o->steps);
 	if (st)
