@@ -10,13 +10,11 @@
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +22,7 @@
 #include "graph/cpu_ref.h"
 #include "src/checkpoint.h"
 #include "src/commands.h"
+#include "tests/test_tmpdir.h"
 #include "util/rng.h"
 
 static uint64_t seed_now(void)
@@ -31,27 +30,7 @@ static uint64_t seed_now(void)
 	return (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
 }
 
-static char tmpdir[256];
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb, (void)flag, (void)ftw;
-	return remove(path);
-}
-
-/* The test's directory goes when its process exits (Criterion runs each test in its own). */
-static void remove_tmpdir(void)
-{
-	if (tmpdir[0])
-		nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static void make_tmpdir(void)
-{
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ng_ckpt_test_XXXXXX");
-	cr_assert(mkdtemp(tmpdir), "mkdtemp failed");
-	atexit(remove_tmpdir);
-}
+static void make_tmpdir(void) { ng_test_dir_make("ng_ckpt_test_"); }
 
 /* Random params in the flat layout, padding (between tensors, wte rows V..Vp-1) zero. */
 static float *random_params(const struct ng_gpt_config *cfg, struct ng_gpt_layout *lay,
@@ -117,7 +96,7 @@ Test(checkpoint, model_round_trip_bit_exact)
 	struct ng_gpt_layout lay;
 	float *p = random_params(&cfg, &lay, &r), *q;
 	char path[512];
-	snprintf(path, sizeof(path), "%s/m.safetensors", tmpdir);
+	snprintf(path, sizeof(path), "%s/m.safetensors", ng_test_dir);
 	cr_assert_eq(ng_ckpt_write_model(path, &cfg, p), NG_OK, "seed %llu: %s",
 		     (unsigned long long)seed, ng_error_message());
 	cr_assert_eq(ng_ckpt_read_model(path, &got, &q), NG_OK, "%s", ng_error_message());
@@ -189,7 +168,7 @@ Test(checkpoint, state_round_trip_bit_exact)
 					((float *)buf[k])[i] = (float)x;
 			}
 		char path[512];
-		snprintf(path, sizeof(path), "%s/s%d.safetensors", tmpdir, elem);
+		snprintf(path, sizeof(path), "%s/s%d.safetensors", ng_test_dir, elem);
 		cr_assert_eq(ng_ckpt_write_state(path, &s), NG_OK, "%s", ng_error_message());
 		cr_assert_eq(ng_ckpt_read_state(path, &t), NG_OK, "%s", ng_error_message());
 		cr_assert(t.step == s.step && t.n_skipped == 3 && t.seed == s.seed && t.B == 3 &&
@@ -232,8 +211,8 @@ Test(checkpoint, corrupt_truncated_wrong_shape_refused)
 	struct ng_gpt_layout lay;
 	float *p = random_params(&cfg, &lay, &r);
 	char path[512], bad[512];
-	snprintf(path, sizeof(path), "%s/m.safetensors", tmpdir);
-	snprintf(bad, sizeof(bad), "%s/bad.safetensors", tmpdir);
+	snprintf(path, sizeof(path), "%s/m.safetensors", ng_test_dir);
+	snprintf(bad, sizeof(bad), "%s/bad.safetensors", ng_test_dir);
 	cr_assert_eq(ng_ckpt_write_model(path, &cfg, p), NG_OK);
 	size_t n;
 	unsigned char *b = read_file(path, &n);
@@ -314,10 +293,10 @@ Test(checkpoint, cpu_resume_is_bit_identical)
 	long long seed = (long long)(seed_now() % 1000000);
 	make_tmpdir();
 	char a[512], bdir[512], ma[512], mb[512];
-	snprintf(a, sizeof(a), "%s/a", tmpdir);
-	snprintf(bdir, sizeof(bdir), "%s/b", tmpdir);
-	snprintf(ma, sizeof(ma), "%s/a.jsonl", tmpdir);
-	snprintf(mb, sizeof(mb), "%s/b.jsonl", tmpdir);
+	snprintf(a, sizeof(a), "%s/a", ng_test_dir);
+	snprintf(bdir, sizeof(bdir), "%s/b", ng_test_dir);
+	snprintf(ma, sizeof(ma), "%s/a.jsonl", ng_test_dir);
+	snprintf(mb, sizeof(mb), "%s/b.jsonl", ng_test_dir);
 	cr_assert_eq(train(a, NULL, NULL, ma, seed), NG_OK, "%s", ng_error_message());
 	cr_assert_eq(train(bdir, "--stop-after", "3", mb, seed), NG_OK, "%s", ng_error_message());
 	char latest[600];
@@ -388,7 +367,7 @@ Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
 	s.T = 8;
 	s.K = 1;
 	memcpy(s.params, p, lay.total * sizeof(float));
-	cr_assert_eq(ng_ckpt_save(tmpdir, &s, p), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(ng_ckpt_save(ng_test_dir, &s, p), NG_OK, "%s", ng_error_message());
 	long long from = 0;
 	for (int round = 0; round < 3; round++) {
 		pid_t child = fork();
@@ -398,7 +377,7 @@ Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
 				s.step = k;
 				((float *)s.params)[0] = (float)k;
 				p[0] = (float)k;
-				if (ng_ckpt_save(tmpdir, &s, p))
+				if (ng_ckpt_save(ng_test_dir, &s, p))
 					_exit(3);
 			}
 		}
@@ -409,10 +388,10 @@ Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
 		cr_assert(WIFSIGNALED(status), "seed %llu: the writer exited (status %d) before the "
 			  "kill", (unsigned long long)seed, status);
 		long long step;
-		cr_assert_eq(ng_ckpt_latest(tmpdir, &step), NG_OK, "%s", ng_error_message());
+		cr_assert_eq(ng_ckpt_latest(ng_test_dir, &step), NG_OK, "%s", ng_error_message());
 		char path[600];
 		struct ng_train_state t;
-		ng_ckpt_path(path, sizeof(path), tmpdir, "state", step);
+		ng_ckpt_path(path, sizeof(path), ng_test_dir, "state", step);
 		cr_assert_eq(ng_ckpt_read_state(path, &t), NG_OK, "seed %llu round %d: latest = %lld "
 			     "does not load: %s", (unsigned long long)seed, round, step,
 			     ng_error_message());
@@ -423,7 +402,7 @@ Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
 		ng_ckpt_state_free(&t);
 		struct ng_gpt_config c;
 		float *q;
-		ng_ckpt_path(path, sizeof(path), tmpdir, "model", step);
+		ng_ckpt_path(path, sizeof(path), ng_test_dir, "model", step);
 		cr_assert_eq(ng_ckpt_read_model(path, &c, &q), NG_OK, "%s", ng_error_message());
 		free(q);
 		cr_log_info("round %d: killed after checkpoint %lld", round, step);
@@ -448,9 +427,9 @@ Test(checkpoint, eval_matches_the_reference_loss)
 	for (size_t i = 0; i < lay.total; i++)
 		p[i] *= 0.1f;
 	char model[512], shard[512], out[512];
-	snprintf(model, sizeof(model), "%s/m.safetensors", tmpdir);
-	snprintf(shard, sizeof(shard), "%s/val_000000.bin", tmpdir);
-	snprintf(out, sizeof(out), "%s/eval.out", tmpdir);
+	snprintf(model, sizeof(model), "%s/m.safetensors", ng_test_dir);
+	snprintf(shard, sizeof(shard), "%s/val_000000.bin", ng_test_dir);
+	snprintf(out, sizeof(out), "%s/eval.out", ng_test_dir);
 	cr_assert_eq(ng_ckpt_write_model(model, &cfg, p), NG_OK, "%s", ng_error_message());
 	int B = 2, nb = 3, T = cfg.T, ntok = nb * B * T + 1;
 	int32_t hdr[256] = { 20240520, 1, ntok };

@@ -14,18 +14,17 @@
 #define _XOPEN_SOURCE 700
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
-#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "graph/gpt.h"
 #include "src/checkpoint.h"
 #include "src/train.h"
+#include "tests/test_tmpdir.h"
 
 struct stand_in {
 	long long submitted, collected;
@@ -100,20 +99,6 @@ static enum ng_status si_load(void *ctx, const struct ng_train_state *s)
 
 static void si_free(void *ctx) { (void)ctx; }
 
-static char dir_[64];
-
-static int rm_(const char *p, const struct stat *sb, int f, struct FTW *w)
-{
-	(void)sb, (void)f, (void)w;
-	return remove(p);
-}
-
-static void cleanup_(void)
-{
-	if (dir_[0])
-		nftw(dir_, rm_, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 /* One rank's run; returns the step it stopped after (the stand-in's last submitted step). */
 static long long run_rank_(int rank, int lag, long long raise_at, long long steps,
 			   long long *flagged_from, struct stand_in **out)
@@ -132,7 +117,7 @@ static long long run_rank_(int rank, int lag, long long raise_at, long long step
 	o.clip = 1;
 	o.beta1 = 0.9, o.beta2 = 0.95, o.eps = 1e-8;
 	o.val_batches = 1;
-	o.out_dir = dir_;
+	o.out_dir = ng_test_dir;
 	o.seed = 7;
 	o.device = "cpu";
 	o.log_every = 1;
@@ -155,17 +140,12 @@ static long long run_rank_(int rank, int lag, long long raise_at, long long step
 	return m->submitted;
 }
 
-static void setup_(void)
-{
-	snprintf(dir_, sizeof(dir_), "/tmp/ng_stop_test_XXXXXX");
-	cr_assert(mkdtemp(dir_));
-	atexit(cleanup_);
-}
+static void setup_(void) { ng_test_dir_make("ng_stop_test_"); }
 
 static bool checkpoint_at_(long long step)
 {
-	char p[160];
-	snprintf(p, sizeof(p), "%s/state_%08lld.safetensors", dir_, step);
+	char p[320];
+	snprintf(p, sizeof(p), "%s/state_%08lld.safetensors", ng_test_dir, step);
 	return access(p, F_OK) == 0;
 }
 
