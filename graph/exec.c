@@ -73,7 +73,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 		s.kind = NG_MATMUL_DW;
 		s.gelu = 0;
 		s.bias = op->param[1] >= 0;
-		s.accumulate = 1;
+		s.accumulate = !op->overwrite;
 	}
 	return s;
 }
@@ -284,6 +284,11 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		return ng_tokens_split(ng_exec_tensor_(e, g, op->out[0]), ng_exec_tensor_(e, g, op->out[1]), w, B, T, s);
 	}
 	case NG_OP_ZERO:
+		if (op->param[0] >= 0) /* one parameter's range of a flat buffer, all layers */
+			return NG_CUDA_CHECK(cudaMemsetAsync(
+				pp(e, g, op->out[0], op->param[0], -1), 0,
+				g->lay.p[op->param[0]].numel * ng_dtype_size(g->tensors[op->out[0]].dtype),
+				s));
 		return NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, op->out[0]), 0,
 						     g->tensors[op->out[0]].bytes, s));
 	case NG_OP_ENCODER_FWD:

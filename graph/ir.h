@@ -175,6 +175,9 @@ struct ng_op {
 	int gelu;                  /* MATMUL_FWD: GELU epilogue; MATMUL_DINP: DGELU epilogue */
 	int recompute;             /* 1: a forward op recomputed in the backward */
 	int no_grad;               /* CROSSENTROPY in eval: losses only, no dlogits */
+	int overwrite;             /* MATMUL_DW: the step's first writer of its gradient: "=" (beta
+	                            * 0) instead of "+="; ZERO with param[0] >= 0: that parameter's
+	                            * gradient range only */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };
 

@@ -416,6 +416,18 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 	emit(b, &op, b->ws.encoder_bwd);
 }
 
+/* The first dW matmul of each (linear layer, layer index) in the step overwrites its gradient:
+ * micro-batch 0, classifier chunk 0. The tied head's dW comes before the embedding backward that
+ * adds into the same wte gradient. */
+static void mark_first_writers(struct ng_graph *g)
+{
+	for (int i = 0; i < g->n_ops; i++) {
+		struct ng_op *op = &g->ops[i];
+		if (op->kind == NG_OP_MATMUL_DW)
+			op->overwrite = op->micro <= 0 && op->chunk <= 0;
+	}
+}
+
 /* ZERO of one tensor, at step level. */
 static void zero(struct bld *b, int t)
 {
@@ -562,7 +574,18 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 	enum ng_status st = begin(&b, g, NG_GRAPH_TRAIN, cfg, B, T, K, opt);
 	if (st || (st = alloc_layers(g, &f)))
 		return st;
-	zero(&b, g->t_grads);
+	/* the gradients of the matmul weights and biases are overwritten by their first dW matmul
+	 * (mark_first_writers); LayerNorm and position-embedding gradients are accumulated into,
+	 * so only their ranges are zeroed */
+	static const int accumulated[] = { NG_P_WPE, NG_P_LN1W, NG_P_LN1B, NG_P_LN2W, NG_P_LN2B,
+					   NG_P_LNFW, NG_P_LNFB };
+	for (size_t i = 0; i < sizeof(accumulated) / sizeof(accumulated[0]); i++) {
+		struct ng_op z = ng_op_blank(NG_OP_ZERO);
+		z.n_out = 1;
+		z.out[0] = g->t_grads;
+		z.param[0] = accumulated[i];
+		emit(&b, &z, 0);
+	}
 	for (int m = 0; m < K && !g->status; m++) {
 		enter_micro(&b, m);
 		build_forward(&b, &f, 0);
@@ -582,6 +605,7 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 	op = mk(NG_OP_STEP_FINISH, NG_OP_WHICH_NONE, -1, IN(g->t_step_state),
 		OUT(g->t_step_state));
 	emit(&b, &op, 0);
+	mark_first_writers(g);
 	return finish(g, &f);
 }
 

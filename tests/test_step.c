@@ -98,6 +98,48 @@ static void check_shapes(const struct ng_graph *g, const char *what)
 	}
 }
 
+/* Every parameter's gradient (each layer's slice) is first zeroed or overwritten by a dW matmul
+ * marked `overwrite`, and only then added into; at the end every slice was defined. */
+static void check_gradient_writes(const struct ng_graph *g, const char *what)
+{
+	int L = g->cfg.L;
+	bool *ready = calloc((size_t)NG_P_COUNT * (size_t)L, sizeof(bool));
+	for (int k = 0; k < g->n_ops; k++) {
+		const struct ng_op *op = &g->ops[k];
+		bool writes = op->kind == NG_OP_ZERO ? op->param[0] >= 0
+			      : op->kind == NG_OP_MATMUL_DW || op->kind == NG_OP_LAYERNORM_BWD ||
+					op->kind == NG_OP_ENCODER_BWD;
+		if (!writes)
+			continue;
+		for (int j = 0; j < 2; j++) {
+			int p = op->param[j];
+			if (p < 0)
+				continue;
+			bool per_layer = g->lay.p[p].per_layer;
+			int lo = per_layer && op->layer >= 0 ? op->layer : 0;
+			int hi = per_layer && op->layer >= 0 ? op->layer + 1 : (per_layer ? L : 1);
+			for (int l = lo; l < hi; l++) {
+				bool *r = &ready[p * L + l];
+				if (op->kind == NG_OP_ZERO || (op->kind == NG_OP_MATMUL_DW && op->overwrite))
+					*r = true;
+				else
+					cr_assert(*r, "seed %llu %s: %s adds into the %s gradient (layer %d) "
+						  "before anything defined it", (unsigned long long)seed_,
+						  what, op->name, g->lay.p[p].name, l);
+			}
+			if (op->kind == NG_OP_MATMUL_DW)
+				cr_assert_eq(op->overwrite, op->micro <= 0 && op->chunk <= 0,
+					     "seed %llu %s: %s", (unsigned long long)seed_, what,
+					     op->name);
+		}
+	}
+	for (int p = 0; p < NG_P_COUNT; p++)
+		for (int l = 0; l < (g->lay.p[p].per_layer ? L : 1); l++)
+			cr_assert(ready[p * L + l], "seed %llu %s: the %s gradient (layer %d) is never "
+				  "written", (unsigned long long)seed_, what, g->lay.p[p].name, l);
+	free(ready);
+}
+
 Test(step, random_train_graphs_are_well_formed, .init = setup_)
 {
 	for (int rep = 0; rep < 200; rep++) {
@@ -118,10 +160,11 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		check_shapes(&g, what);
 		int N = B * T, L = c.L, chunk = g.head_chunk_rows, nch = (N + chunk - 1) / chunk;
 		cr_assert(chunk >= 1 && chunk <= N);
-		/* order: h2d, zero grads, ..., norm, schedule, adamw, finish */
+		/* order: h2d, zero the accumulated gradients, ..., norm, schedule, adamw, finish */
 		cr_assert_eq(g.ops[0].kind, NG_OP_TOKENS_H2D);
 		cr_assert_eq(g.ops[1].kind, NG_OP_ZERO);
 		cr_assert_eq(g.ops[1].out[0], g.t_grads);
+		check_gradient_writes(&g, what);
 		cr_assert_eq(g.ops[g.n_ops - 4].kind, NG_OP_GRAD_NORM);
 		cr_assert_eq(g.ops[g.n_ops - 3].kind, NG_OP_SCHEDULE);
 		cr_assert_eq(g.ops[g.n_ops - 2].kind, NG_OP_ADAMW);
@@ -147,7 +190,7 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 			     o.fuse_gelu & NG_GELU_FUSE_BWD ? 0 : K * L);
 		cr_assert_eq(count_kind(&g, NG_OP_LOSS_ACCUMULATE), K);
 		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_BWD), K);
-		cr_assert_eq(count_kind(&g, NG_OP_ZERO), 1 + K); /* grads, dresid per micro */
+		cr_assert_eq(count_kind(&g, NG_OP_ZERO), 7 + K); /* 7 grad ranges, dresid per micro */
 		/* per op: row ranges of the head cover [0, N) in order; params match which */
 		int next_row = 0, logits_live = 0;
 		for (int k = 0; k < g.n_ops; k++) {
