@@ -110,6 +110,13 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 	if (sp->accumulate && sp->kind != NG_MATMUL_DW)
 		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: accumulate is DW only",
 					 k, sp->N, sp->IC, sp->OC);
+	if (sp->fp8 && (sp->kind != NG_MATMUL_FWD || sp->IC % 16 || sp->OC % 16)) {
+		ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: fp8 is FWD only, with IC "
+				  "and OC multiples of 16", k, sp->N, sp->IC, sp->OC);
+		ng_hint("FP8 operands need 16-byte leading dimensions, and cuBLASLt's FP8 path the "
+			"transposed-A layout that only the forward has");
+		return NG_ERR_INPUT;
+	}
 	return NG_OK;
 }
 
@@ -176,8 +183,9 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &fake, sizeof(fake)))
 			return NG_ERR_RUNTIME;
 	}
-	if (NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->a, CUDA_R_16BF, ar, ac, (int64_t)ar)) ||
-	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->b, CUDA_R_16BF, br, bc, (int64_t)br)) ||
+	cudaDataType_t in_t = sp->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF; /* A = W, B = inp */
+	if (NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->a, in_t, ar, ac, (int64_t)ar)) ||
+	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->b, in_t, br, bc, (int64_t)br)) ||
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->c, dt, (uint64_t)mm->m, (uint64_t)mm->n,
 						       mm->m)) ||
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->d, dt, (uint64_t)mm->m, (uint64_t)mm->n,
@@ -486,9 +494,9 @@ static enum ng_status check_ptr_(const struct ng_matmul *mm, const char *name, c
 	return NG_OK;
 }
 
-enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *a, const void *b,
-			     const void *bias, void *aux, void *dbias, void *workspace,
-			     cudaStream_t s)
+static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a, const void *b,
+			    const void *bias, void *aux, void *dbias, void *workspace,
+			    cudaStream_t s)
 {
 	const struct ng_matmul_spec *sp = &mm->spec;
 	const float one = 1.0f;
@@ -550,4 +558,33 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 				       "cublasStatus %d", sp->N, sp->IC, sp->OC, (int)cs);
 	}
 	return NG_OK;
+}
+
+enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *a, const void *b,
+			     const void *bias, void *aux, void *dbias, void *workspace,
+			     cudaStream_t s)
+{
+	if (mm->spec.fp8)
+		return ng_check_arg_fail("ng_matmul_run", "FWD N=%d IC=%d OC=%d is an fp8 plan: run "
+					 "it with ng_matmul_run_fp8 and its descales", mm->spec.N,
+					 mm->spec.IC, mm->spec.OC);
+	return run_(mm, out, a, b, bias, aux, dbias, workspace, s);
+}
+
+enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
+				 const void *b, const void *bias, void *aux, const float *a_descale,
+				 const float *b_descale, void *workspace, cudaStream_t s)
+{
+	const struct ng_matmul_spec *sp = &mm->spec;
+	if (!sp->fp8 || !a_descale || !b_descale)
+		return ng_check_arg_fail("ng_matmul_run_fp8", "FWD N=%d IC=%d OC=%d: %s", sp->N, sp->IC,
+					 sp->OC, sp->fp8 ? "both descales must be device pointers"
+							 : "not an fp8 plan (spec.fp8 = 0)");
+	/* cuBLASLt's A is W (run's b), its B the input (run's a) */
+	if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_descale,
+		      sizeof(b_descale)) ||
+	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_descale,
+		      sizeof(a_descale)))
+		return NG_ERR_RUNTIME;
+	return run_(mm, out, a, b, bias, aux, NULL, workspace, s);
 }

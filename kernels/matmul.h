@@ -113,6 +113,9 @@ struct ng_matmul_spec {
 	int bias;       /* FWD: add bias (OC) bf16; DW: also produce dbias (OC) fp32 */
 	int accumulate; /* DW only: dW and dbias "+=" (beta = 1) instead of "=" */
 	int autotune;   /* time the heuristic's top candidates at plan time, keep the fastest */
+	int fp8;        /* FWD only: inp and W are E4M3 bytes (kernels/fp8.h), each with a device
+	                 * descale (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC
+	                 * multiples of 16; needs an FP8 GPU (sm_89 / sm_90) */
 };
 
 /* A planned matmul; every descriptor lives until ng_matmul_free(). */
@@ -164,6 +167,13 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *a, const void *b,
 			     const void *bias, void *aux, void *dbias, void *workspace,
 			     cudaStream_t s);
+
+/* Run an fp8 plan: a = inp (N, IC) E4M3, b = W (OC, IC) E4M3, out = a_descale * b_descale *
+ * (a @ b^T) (+ bias) (GELU), bf16. The descales are device floats (kernels/fp8.h), read when
+ * the matmul runs, so a captured graph follows their updates. Other pointers as ng_matmul_run. */
+enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
+				 const void *b, const void *bias, void *aux, const float *a_descale,
+				 const float *b_descale, void *workspace, cudaStream_t s);
 
 /* FLOPs of one run (2 * N * IC * OC), for benchmarks. */
 double ng_matmul_flops(const struct ng_matmul_spec *spec);

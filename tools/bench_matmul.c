@@ -33,6 +33,8 @@ struct bench_bufs {
 	void *aux;  /* GELU aux: N * 4C bf16 */
 	void *bias; /* bias (bf16) / dbias (fp32): Vp fp32 */
 	void *ws;   /* workspace: ctx limit + dbias scratch */
+	float *descale; /* fp8 plans: two device floats of 1 (the inputs are whatever bytes a and b
+	                 * hold: the timing does not depend on the values) */
 };
 
 /* One matmul of the step. */
@@ -86,6 +88,9 @@ static int direct_(const struct ng_matmul *mm, const struct bench_bufs *bb, cuda
 
 static int wrapper_(const struct ng_matmul *mm, const struct bench_bufs *bb, cudaStream_t s)
 {
+	if (mm->spec.fp8)
+		return ng_matmul_run_fp8(mm, bb->out, bb->a, bb->b, bb->bias, bb->aux, bb->descale,
+					 bb->descale + 1, bb->ws, s) != NG_OK;
 	return ng_matmul_run(mm, bb->out, bb->a, bb->b, bb->bias, bb->aux, bb->bias, bb->ws, s) !=
 	       NG_OK;
 }
@@ -138,12 +143,12 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 		{"head", C, Vp, 0, 0, 1}};
 	for (int i = 0; i < 5; i++) {
 		struct ng_matmul_spec f = {NG_MATMUL_FWD, N, lin[i].IC, lin[i].OC, lin[i].gelu,
-					   lin[i].bias, 0, 0};
+					   lin[i].bias, 0, 0, 0};
 		/* DGELU belongs to the layer whose INPUT is a GELU output: fcproj */
 		struct ng_matmul_spec d = {NG_MATMUL_DINP, N, lin[i].IC, lin[i].OC,
-					   i == 3, 0, 0, 0};
+					   i == 3, 0, 0, 0, 0};
 		struct ng_matmul_spec w = {NG_MATMUL_DW, N, lin[i].IC, lin[i].OC, 0, lin[i].bias, 1,
-					   0};
+					   0, 0};
 		mms[nm++] = (struct bench_mm){lin[i].name, f, lin[i].per};
 		mms[nm++] = (struct bench_mm){lin[i].name, d, lin[i].per};
 		mms[nm++] = (struct bench_mm){lin[i].name, w, lin[i].per};
@@ -170,7 +175,11 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 	if (NG_CUDA_CHECK(cudaMalloc(&bb.a, a_bytes)) || NG_CUDA_CHECK(cudaMalloc(&bb.b, b_bytes)) ||
 	    NG_CUDA_CHECK(cudaMalloc(&bb.out, o_bytes)) || NG_CUDA_CHECK(cudaMalloc(&bb.aux, x_bytes)) ||
 	    NG_CUDA_CHECK(cudaMalloc(&bb.bias, (size_t)Vp * 4)) ||
-	    NG_CUDA_CHECK(cudaMalloc(&bb.ws, ctx->workspace_bytes + 256 + (size_t)Vp * 4)))
+	    NG_CUDA_CHECK(cudaMalloc(&bb.ws, ctx->workspace_bytes + 256 + (size_t)Vp * 4)) ||
+	    NG_CUDA_CHECK(cudaMalloc((void **)&bb.descale, 2 * sizeof(float))))
+		goto out_free;
+	const float ones[2] = {1.0f, 1.0f};
+	if (NG_CUDA_CHECK(cudaMemcpy(bb.descale, ones, sizeof(ones), cudaMemcpyHostToDevice)))
 		goto out_free;
 	if (fill_(bb.a, a_bytes, chunk, chunk_bytes) || fill_(bb.b, b_bytes, chunk, chunk_bytes) ||
 	    fill_(bb.out, o_bytes, chunk, chunk_bytes) || fill_(bb.aux, x_bytes, chunk, chunk_bytes) ||
@@ -226,6 +235,43 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 	       "autotuned %.2f ms; worst wrapper/direct ratio %.3f\n", cfg, step_ms[0], step_ms[1],
 	       worst_ratio);
 
+	/* FP8 (E4M3 inputs, bf16 out, same epilogue) against bf16, forward shapes, heuristic's
+	 * algorithm: what an FP8 forward would buy (GPU.md: 1.45-1.68x with torch._scaled_mm). */
+	double fp8_ms = 0, bf16_ms = 0;
+	for (int i = 0; i < nm; i++) {
+		if (mms[i].s.kind != NG_MATMUL_FWD)
+			continue;
+		float w[2], d[2];
+		struct ng_matmul_spec v[2] = {mms[i].s, mms[i].s};
+		v[1].fp8 = 1;
+		int ok = 1;
+		for (int j = 0; j < 2 && ok; j++) {
+			struct ng_matmul mm;
+			if (ng_matmul_plan(&mm, ctx, &v[j])) {
+				printf("%s %-8s FWD fp8: no plan (%s)\n", cfg, mms[i].name,
+				       ng_error_message());
+				ng_clear_error();
+				ok = 0;
+				break;
+			}
+			int bad = time_plan_(&mm, &bb, reps, ev, &w[j], &d[j]);
+			ng_matmul_free(&mm);
+			if (bad)
+				goto out_free;
+		}
+		if (!ok)
+			continue;
+		double fl = ng_matmul_flops(&mms[i].s);
+		printf("%s %-8s FWD %-13s bf16 %.4f ms (%.1f TFLOP/s), fp8 %.4f ms (%.1f TFLOP/s): "
+		       "%.2fx\n", cfg, mms[i].name, epi_name_(&mms[i].s, 0), w[0],
+		       fl / (w[0] * 1e-3) / 1e12, w[1], fl / (w[1] * 1e-3) / 1e12, w[0] / w[1]);
+		bf16_ms += w[0] * mms[i].per_step;
+		fp8_ms += w[1] * mms[i].per_step;
+	}
+	if (fp8_ms > 0)
+		printf("%s: forward GEMMs per step: bf16 %.2f ms, fp8 %.2f ms (casts not counted)\n",
+		       cfg, bf16_ms, fp8_ms);
+
 	/* Bias gradient: BGRADB (+ the scratch add) against the DW matmul alone, and against a
 	 * separate column-sum kernel that reads dout once at copy bandwidth (an estimate). */
 	for (int i = 0; i < nm; i++) {
@@ -261,8 +307,8 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 out_free:
 	if (rc)
 		ng_print_error();
-	void *p[6] = {bb.a, bb.b, bb.out, bb.aux, bb.bias, bb.ws};
-	for (int i = 0; i < 6; i++)
+	void *p[7] = {bb.a, bb.b, bb.out, bb.aux, bb.bias, bb.ws, bb.descale};
+	for (int i = 0; i < 7; i++)
 		if (p[i])
 			cudaFree(p[i]);
 	free(chunk);

@@ -1,0 +1,51 @@
+/*
+ * kernels/fp8.h — inputs for cuBLASLt's FP8 matmuls (kernels/matmul.h, spec.fp8): the per-tensor
+ * absolute maximum of a bf16 tensor, the scale that maps it onto E4M3's range, and the scaled,
+ * saturating cast to E4M3. Scales and maxima live in device memory, so a replayed graph sees the
+ * values of its own step (DESIGN.md: no per-step host scalars).
+ *
+ * E4M3 (OCP FP8): 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest finite 448, smallest
+ * normal 2^-6, subnormal step 2^-9; no infinities (S.1111.111 is NaN). The cast multiplies in
+ * fp32, then rounds to nearest even and saturates to +-448 (__NV_SATFINITE); NaN stays NaN.
+ * bf16 pointers 16-byte aligned, any n (a scalar tail handles n % 8). Valid C11.
+ */
+#ifndef NG_KERNELS_FP8_H
+#define NG_KERNELS_FP8_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/types.h"
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NG_FP8_E4M3_MAX 448.0f
+
+/* *amax = max(*amax, max |in[i]|). The caller zeroes *amax first; max is order-independent, so
+ * the result is deterministic. A NaN input makes *amax NaN. */
+enum ng_status ng_fp8_amax(float *amax,         /* (1) fp32, max= */
+			   const ng_bf16 *in,   /* (n) bf16 */
+			   size_t n, cudaStream_t s);
+
+/* scale = 448 / (amax * 2^margin) (1 when amax is 0, NaN or infinite), descale = 1 / scale:
+ * the cast multiplies by scale, the matmul by the two descales. */
+enum ng_status ng_fp8_scale_from_amax(float *scale,       /* (1) fp32, = */
+				      float *descale,     /* (1) fp32, = */
+				      const float *amax,  /* (1) fp32 */
+				      int margin, cudaStream_t s);
+
+/* out[i] = E4M3(in[i] * *scale). */
+enum ng_status ng_fp8_cast_e4m3(uint8_t *out,        /* (n) E4M3 bytes, =, 8-byte aligned */
+				const ng_bf16 *in,   /* (n) bf16 */
+				const float *scale,  /* (1) fp32 */
+				size_t n, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,332 @@
+/*
+ * tests/test_fp8.c — FP8 (E4M3): kernels/fp8.h (amax, scale, cast) bit for bit against a CPU
+ * encoder of the format, and the fp8 matmul plans of kernels/matmul.h against the double
+ * reference over the same E4M3 inputs.
+ *
+ * Cast: the GPU multiplies in fp32 and rounds to nearest even with saturation; the CPU does the
+ * same product in float and encodes it exactly, so every byte must match, including the
+ * saturated (|x * scale| > 448), subnormal (< 2^-6) and zero cases; n is not a multiple of 8 (the
+ * scalar tail) and the input sits 16 bytes past an allocation.
+ *
+ * Matmul tolerance (STYLE.md, the FlashAttention rule, as tests/test_matmul.c): err(GPU vs fp64)
+ * <= 2 x err(naive vs fp64) + atol, where the fp64 reference and the naive fp32 loop take the
+ * same decoded E4M3 inputs (their products are exact in fp32) and the naive result is rounded
+ * to bf16 like the GPU's; atol is 2^-10 of the largest |reference|. Shapes: IC = 784 = 16 x 49,
+ * the MLP widths, N = 1 and an odd N, the padded vocabulary 50304. Fresh inputs each run (seed
+ * printed on failure). Skipped without a GPU; an fp8 plan on a GPU without FP8 (sm_80) is
+ * expected to fail cleanly, which the matmul cases report as a skip.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "graph/cpu_ops.h"
+#include "kernels/check.h"
+#include "kernels/fp8.h"
+#include "kernels/matmul.h"
+#include "util/rng.h"
+
+static uint64_t seed_now_(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
+}
+
+static float bf16_f_(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static uint16_t f_bf16_(float f) /* nearest even; finite inputs */
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+/* E4M3 byte of x: nearest even, saturated to +-448, NaN -> 0x7f (S.1111.111). */
+static uint8_t e4m3_encode_(float x)
+{
+	if (isnan(x))
+		return 0x7f;
+	uint8_t sign = signbit(x) ? 0x80 : 0;
+	double a = fabs((double)x);
+	if (a >= 448.0)
+		return sign | 0x7e;
+	if (a == 0.0)
+		return sign;
+	int e;
+	frexp(a, &e); /* a = f 2^e, f in [0.5, 1): the leading bit is 2^(e-1) */
+	double q = e - 1 < -6 ? ldexp(1.0, -9) : ldexp(1.0, e - 1 - 3);
+	double r = nearbyint(a / q) * q; /* ties to even: the default rounding mode */
+	if (r == 0.0)
+		return sign;
+	frexp(r, &e);
+	if (e - 1 < -6)
+		return sign | (uint8_t)(r / ldexp(1.0, -9));
+	int mant = (int)(r / ldexp(1.0, e - 1 - 3)) - 8;
+	return sign | (uint8_t)((e - 1 + 7) << 3) | (uint8_t)mant;
+}
+
+static double e4m3_decode_(uint8_t b)
+{
+	int exp = (b >> 3) & 15, mant = b & 7;
+	if (exp == 15 && mant == 7)
+		return NAN;
+	double v = exp == 0 ? ldexp(mant, -9) : ldexp(8 + mant, exp - 7 - 3);
+	return b & 0x80 ? -v : v;
+}
+
+static void *dev_(void **base, size_t bytes, size_t offset)
+{
+	cr_assert(!NG_CUDA_CHECK(cudaMalloc(base, bytes + 256)), "%s", ng_error_message());
+	return (char *)*base + offset;
+}
+
+Test(fp8, codec_round_trips)
+{
+	/* every finite byte decodes and encodes back to itself; 448 + a bit saturates */
+	for (int b = 0; b < 256; b++) {
+		double v = e4m3_decode_((uint8_t)b);
+		if (isnan(v))
+			continue;
+		uint8_t back = e4m3_encode_((float)v);
+		cr_assert(back == b || (v == 0 && (back & 0x7f) == 0), "byte 0x%02x -> %g -> 0x%02x",
+			  b, v, back);
+	}
+	cr_assert_eq(e4m3_encode_(1000.0f), 0x7e);
+	cr_assert_eq(e4m3_encode_(-1e30f), 0xfe);
+	cr_assert_eq(e4m3_encode_(1.0625f), 0x38); /* a tie between 1 and 1.125: to even (1) */
+	cr_assert_eq(e4m3_encode_(1.1875f), 0x3a); /* between 1.125 and 1.25: to even (1.25) */
+}
+
+static void cast_case_(size_t n, int margin, double spread)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = seed_now_();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	uint16_t *h = malloc(n * 2);
+	float amax = 0;
+	for (size_t i = 0; i < n; i++) {
+		double x = ng_rng_normal(&r) * ldexp(1.0, (int)(ng_rng_below(&r, 2 * (int)spread + 1)) -
+							    (int)spread);
+		if (i % 97 == 5)
+			x = 0.0;
+		h[i] = f_bf16_((float)x);
+		amax = fmaxf(amax, fabsf(bf16_f_(h[i])));
+	}
+	void *bi, *bo, *bs;
+	uint16_t *din = dev_(&bi, n * 2, 16);
+	uint8_t *dout = dev_(&bo, n, 8);
+	float *dsc = dev_(&bs, 16, 0); /* amax, scale, descale */
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, n * 2, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemset(dsc, 0, 16)));
+	cr_assert_eq(ng_fp8_amax(dsc, din, n, 0), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(ng_fp8_scale_from_amax(dsc + 1, dsc + 2, dsc, margin, 0), NG_OK);
+	cr_assert_eq(ng_fp8_cast_e4m3(dout, din, dsc + 1, n, 0), NG_OK, "%s", ng_error_message());
+	float sc[3];
+	uint8_t *got = malloc(n);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(sc, dsc, 12, cudaMemcpyDeviceToHost)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(got, dout, n, cudaMemcpyDeviceToHost)));
+	cr_assert_eq(sc[0], amax, "seed %llu: amax gpu %a cpu %a", (unsigned long long)seed, sc[0],
+		     amax);
+	float want_scale = 448.0f / ldexpf(amax, margin);
+	cr_assert_eq(sc[1], want_scale, "scale %a, want %a", sc[1], want_scale);
+	cr_assert_eq(sc[2], 1.0f / want_scale);
+	size_t bad = 0, sat = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint8_t want = e4m3_encode_(bf16_f_(h[i]) * want_scale);
+		sat += (want & 0x7f) == 0x7e;
+		if (got[i] != want && bad++ < 5)
+			cr_log_error("seed %llu i=%zu x=%a: gpu 0x%02x cpu 0x%02x",
+				     (unsigned long long)seed, i, (double)bf16_f_(h[i]), got[i], want);
+	}
+	cr_expect_eq(bad, 0, "seed %llu: %zu of %zu bytes differ", (unsigned long long)seed, bad, n);
+	cr_log_info("n=%zu margin %d: amax %g, %zu values at +-448", n, margin, amax, sat);
+	free(h);
+	free(got);
+	cudaFree(bi);
+	cudaFree(bo);
+	cudaFree(bs);
+}
+
+Test(fp8, cast_exact_wide_range) { cast_case_(100003, 0, 12.0); }
+Test(fp8, cast_exact_margin) { cast_case_(4099, 2, 4.0); }
+
+Test(fp8, amax_nan_and_bad_args)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint16_t h[40];
+	for (int i = 0; i < 40; i++)
+		h[i] = f_bf16_((float)i);
+	h[33] = 0x7fc0; /* NaN in the scalar tail */
+	void *bi, *bs;
+	uint16_t *din = dev_(&bi, sizeof(h), 0);
+	float *dsc = dev_(&bs, 16, 0);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, sizeof(h), cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemset(dsc, 0, 16)));
+	cr_assert_eq(ng_fp8_amax(dsc, din, 35, 0), NG_OK);
+	cr_assert_eq(ng_fp8_scale_from_amax(dsc + 1, dsc + 2, dsc, 0, 0), NG_OK);
+	float sc[3];
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(sc, dsc, 12, cudaMemcpyDeviceToHost)));
+	cr_expect(isnan(sc[0]), "amax %g", sc[0]);
+	cr_expect_eq(sc[1], 1.0f, "a NaN amax keeps scale 1, got %g", sc[1]);
+	ng_clear_error();
+	cr_expect_eq(ng_fp8_cast_e4m3((uint8_t *)dsc + 1, din, dsc + 1, 8, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_fp8_amax(dsc, din, 0, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	cudaFree(bi);
+	cudaFree(bs);
+}
+
+/* One FWD fp8 matmul against the fp64 and naive fp32 loops over the same E4M3 inputs. */
+static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = seed_now_();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t xn = (size_t)N * IC, wn = (size_t)OC * IC, on = (size_t)N * OC;
+	uint8_t *xq = malloc(xn), *wq = malloc(wn);
+	uint16_t *bh = malloc((size_t)OC * 2);
+	double *xd = malloc(xn * 8), *wd = malloc(wn * 8), *bd = malloc((size_t)OC * 8);
+	/* inputs ~N(0, 1) and weights ~N(0, 1/IC), quantized with scales from their maxima */
+	float xs = 448.0f / 4.5f, ws = 448.0f / (4.5f / sqrtf((float)IC));
+	for (size_t i = 0; i < xn; i++) {
+		xq[i] = e4m3_encode_((float)ng_rng_normal(&r) * xs);
+		xd[i] = e4m3_decode_(xq[i]);
+	}
+	for (size_t i = 0; i < wn; i++) {
+		wq[i] = e4m3_encode_((float)(ng_rng_normal(&r) / sqrt(IC)) * ws);
+		wd[i] = e4m3_decode_(wq[i]);
+	}
+	for (int o = 0; o < OC; o++) {
+		bh[o] = f_bf16_((float)(bias ? 0.5 * ng_rng_normal(&r) : 0.0));
+		bd[o] = bf16_f_(bh[o]);
+	}
+	float dsc[2] = { 1.0f / xs, 1.0f / ws }; /* descale of x, of W */
+	double *ref = malloc(on * 8), *pre = malloc(on * 8);
+	float *nv = malloc(on * 4), *nv_pre = malloc(on * 4);
+	for (int n = 0; n < N; n++)
+		for (int o = 0; o < OC; o++) {
+			double acc = 0;
+			float accf = 0;
+			for (int k = 0; k < IC; k++) {
+				double p = xd[(size_t)n * IC + k] * wd[(size_t)o * IC + k];
+				acc += p;
+				accf += (float)p; /* products of two E4M3 values are exact in fp32 */
+			}
+			size_t i = (size_t)n * OC + o;
+			pre[i] = acc * dsc[0] * dsc[1] + bd[o];
+			nv_pre[i] = accf * dsc[0] * dsc[1] + (float)bd[o];
+		}
+	if (gelu) {
+		ng_ref_gelu_fwd(ref, pre, on);
+		for (size_t i = 0; i < on; i++) {
+			double g;
+			ng_ref_gelu_fwd(&g, &(double){ bf16_f_(f_bf16_(nv_pre[i])) }, 1);
+			nv[i] = bf16_f_(f_bf16_((float)g));
+			nv_pre[i] = bf16_f_(f_bf16_(nv_pre[i]));
+		}
+	} else {
+		memcpy(ref, pre, on * 8);
+		for (size_t i = 0; i < on; i++)
+			nv[i] = bf16_f_(f_bf16_(nv_pre[i]));
+	}
+
+	struct ng_matmul_ctx ctx;
+	struct ng_matmul mm;
+	struct ng_matmul_spec sp = { NG_MATMUL_FWD, N, IC, OC, gelu, bias, 0, 0, 1 };
+	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
+	if (ng_matmul_plan(&mm, &ctx, &sp)) {
+		int major = 0;
+		cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+		if (major < 9)
+			cr_skip_test("no FP8 matmul on this GPU (compute capability %d.x): %s", major,
+				     ng_error_message());
+		cr_assert_fail("seed %llu: %s", (unsigned long long)seed, ng_error_message());
+	}
+	void *bx, *bw, *bb, *bo, *ba, *bs, *bws;
+	void *dx = dev_(&bx, xn, 16), *dw = dev_(&bw, wn, 0), *db = dev_(&bb, (size_t)OC * 2, 0);
+	void *dout = dev_(&bo, on * 2, 0), *daux = dev_(&ba, on * 2, 0);
+	float *ds = dev_(&bs, 8, 0);
+	void *dws = mm.workspace_need ? dev_(&bws, mm.workspace_need, 0) : (bws = NULL);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dx, xq, xn, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dw, wq, wn, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(db, bh, (size_t)OC * 2, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ds, dsc, 8, cudaMemcpyHostToDevice)));
+	cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL, gelu ? daux : NULL, ds,
+				       ds + 1, dws, 0), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(ng_matmul_run(&mm, dout, dx, dw, NULL, NULL, NULL, dws, 0), NG_ERR_INPUT,
+		     "an fp8 plan without descales must be refused");
+	ng_clear_error();
+	uint16_t *go = malloc(on * 2), *ga = malloc(on * 2);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(go, dout, on * 2, cudaMemcpyDeviceToHost)));
+	if (gelu)
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ga, daux, on * 2, cudaMemcpyDeviceToHost)));
+	for (int pass = 0; pass < 1 + gelu; pass++) {
+		const double *rf = pass ? pre : ref;
+		const float *nvp = pass ? nv_pre : nv;
+		const uint16_t *g = pass ? ga : go;
+		double ek = 0, en = 0, big = 0;
+		size_t worst = 0;
+		for (size_t i = 0; i < on; i++) {
+			double a = fabs(bf16_f_(g[i]) - rf[i]), b = fabs(nvp[i] - rf[i]);
+			if (!(a <= ek)) {
+				ek = isnan(a) ? INFINITY : a;
+				worst = i;
+			}
+			en = fmax(en, b);
+			big = fmax(big, fabs(rf[i]));
+		}
+		double atol = big / 1024;
+		cr_expect(ek <= 2 * en + atol, "%s N=%d IC=%d OC=%d gelu %d bias %d (seed %llu): max abs "
+			  "err %.3g > 2 x naive %.3g + atol %.3g (worst %zu: gpu %.6g ref %.6g)",
+			  pass ? "aux" : "out", N, IC, OC, gelu, bias, (unsigned long long)seed, ek,
+			  en, atol, worst, (double)bf16_f_(g[worst]), rf[worst]);
+	}
+	ng_matmul_free(&mm);
+	ng_matmul_ctx_free(&ctx);
+	void *bufs[] = { bx, bw, bb, bo, ba, bs, bws };
+	for (int i = 0; i < 7; i++)
+		if (bufs[i])
+			cudaFree(bufs[i]);
+	free(xq), free(wq), free(bh), free(xd), free(wd), free(bd), free(ref), free(pre);
+	free(nv), free(nv_pre), free(go), free(ga);
+}
+
+Test(fp8, matmul_fwd_bias) { matmul_case_(111, 784, 3 * 784, 0, 1); }
+Test(fp8, matmul_fwd_gelu_bias) { matmul_case_(64, 784, 4 * 784, 1, 1); }
+Test(fp8, matmul_fwd_n1) { matmul_case_(1, 4 * 784, 784, 0, 1); }
+Test(fp8, matmul_head_vp) { matmul_case_(24, 784, 50304, 0, 0); }
+
+Test(fp8, matmul_bad_specs)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	struct ng_matmul_ctx ctx;
+	struct ng_matmul mm;
+	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
+	struct ng_matmul_spec dinp = { NG_MATMUL_DINP, 4, 784, 784, 0, 0, 0, 0, 1 };
+	struct ng_matmul_spec odd = { NG_MATMUL_FWD, 4, 776, 784, 0, 0, 0, 0, 1 };
+	ng_clear_error();
+	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dinp), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "fp8 is FWD only"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &odd), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "IC=776"), "%s", ng_error_message());
+	ng_clear_error();
+	ng_matmul_ctx_free(&ctx);
+}
