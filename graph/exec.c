@@ -16,6 +16,7 @@
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
+#include "kernels/fp8.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/optim.h"
@@ -67,6 +68,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 	if (op->kind == NG_OP_MATMUL_FWD) {
 		s.kind = NG_MATMUL_FWD;
 		s.bias = op->param[1] >= 0;
+		s.fp8 = op->fp8;
 	} else if (op->kind == NG_OP_MATMUL_DINP) {
 		s.kind = NG_MATMUL_DINP;
 	} else {
@@ -194,7 +196,9 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 	int N = g->B * g->T;
 	switch (op->kind) {
 	case NG_OP_MATMUL_FWD: case NG_OP_MATMUL_DINP: case NG_OP_MATMUL_DW:
-		return e->plans[plan].mm.workspace_need;
+		return e->plans[plan].mm.workspace_need +
+		       (op->fp8 ? ng_fp8_input_bytes((size_t)op->row_count,
+						     (size_t)e->plans[plan].spec.IC) : 0);
 	case NG_OP_ATTENTION_FWD:
 		return ng_attention_fwd_workspace(&e->att);
 	case NG_OP_ATTENTION_BWD:
@@ -244,6 +248,70 @@ static enum ng_status plan_graph(struct ng_exec *e, struct ng_graph *g, int **pl
 }
 
 /* ---- data parallelism (cfg.comm): see exec.h ---- */
+
+/* --fp8 (graph/step.h "FP8"): roll the activation scales; cast every forward weight matrix with
+ * its own current scale. 13 launches whatever the depth: each parameter block's L layers are
+ * consecutive segments of one cast. */
+static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
+				   const struct ng_op *op, cudaStream_t s)
+{
+	const int L = g->cfg.L, S = ng_fp8_slots(L);
+	float *f = ng_exec_tensor_(e, g, op->in[1]);
+	float *w_amax = f + ng_fp8_field_at(L, NG_FP8_W_AMAX);
+	float *w_scale = f + ng_fp8_field_at(L, NG_FP8_W_SCALE);
+	static const int ids[5] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW, NG_P_WTE };
+	enum ng_status st = ng_fp8_roll_scales(f + ng_fp8_field_at(L, NG_FP8_HIST),
+					       f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX),
+					       f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE),
+					       f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE), S,
+					       NG_FP8_HISTORY, NG_FP8_ACT_MARGIN, s);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemsetAsync(w_amax, 0, (size_t)S * sizeof(float), s));
+	for (int i = 0; i < 5 && !st; i++) {
+		const struct ng_param_spec *p = &g->lay.p[ids[i]];
+		int nseg = i < 4 ? L : 1;
+		st = ng_fp8_amax_seg(w_amax + i * L, pp(e, g, op->in[0], ids[i], 0), p->numel / nseg,
+				     nseg, s);
+	}
+	if (!st)
+		st = ng_fp8_scale_seg(w_scale, f + ng_fp8_field_at(L, NG_FP8_W_DESCALE), w_amax, S, 0,
+				      s);
+	for (int i = 0; i < 5 && !st; i++) {
+		const struct ng_param_spec *p = &g->lay.p[ids[i]];
+		int nseg = i < 4 ? L : 1;
+		st = ng_fp8_cast_e4m3_seg(pp(e, g, op->out[0], ids[i], 0),
+					  pp(e, g, op->in[0], ids[i], 0), w_scale + i * L, NULL,
+					  p->numel / nseg, nseg, s);
+	}
+	return st;
+}
+
+/* An fp8 forward matmul: the input rows to E4M3 at the front of the scratch (recording their
+ * maximum in the slot), then the matmul with the E4M3 weights and both descales. */
+static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_graph *g,
+					 const struct ng_op *op, const struct ng_matmul *mm,
+					 const ng_bf16 *inp, void *scratch, cudaStream_t s)
+{
+	const int L = g->cfg.L, slot = ng_fp8_slot(L, op->which, op->layer);
+	if (slot < 0 || op->n_in < 4)
+		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 matmul of the step", op->name);
+	size_t rows = (size_t)op->row_count, ic = (size_t)mm->spec.IC;
+	float *f = ng_exec_tensor_(e, g, op->in[3]);
+	uint8_t *in8 = scratch;
+	enum ng_status st = ng_fp8_cast_e4m3_seg(in8, inp, f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot,
+						 f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + slot,
+						 rows * ic, 1, s);
+	if (st)
+		return st;
+	int pb = op->in[1];
+	return ng_matmul_run_fp8(mm, ng_exec_tensor_(e, g, op->out[0]), in8,
+				 pp(e, g, op->in[2], op->param[0], op->layer),
+				 op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,
+				 op->gelu ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
+				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + slot,
+				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + slot,
+				 (char *)scratch + ng_fp8_input_bytes(rows, ic), s);
+}
 
 /* Enqueue one op on e->stream. */
 static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const struct ng_op *op,
@@ -316,6 +384,8 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		int ic = mm->spec.IC;
 		const ng_bf16 *inp = (const ng_bf16 *)ng_exec_tensor_(e, g, op->in[0]) + (size_t)op->row_start * ic;
 		int pb = op->in[1];
+		if (op->fp8)
+			return run_matmul_fwd_fp8(e, g, op, mm, inp, scratch, s);
 		return ng_matmul_run(mm, ng_exec_tensor_(e, g, op->out[0]), inp,
 				     pp(e, g, pb, op->param[0], op->layer),
 				     op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,
@@ -412,6 +482,8 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 	}
 	case NG_OP_STEP_FINISH:
 		return ng_step_finish(ng_exec_tensor_(e, g, op->in[0]), e->d_ring, NG_EXEC_RING, s);
+	case NG_OP_FP8_PREP:
+		return run_fp8_prep(e, g, op, s);
 	default:
 		return ng_fail(NG_ERR_RUNTIME, "op %s (%s) has no GPU implementation", op->name,
 			       ng_op_kind_name(op->kind));
@@ -552,8 +624,8 @@ static enum ng_status reset_state(struct ng_exec *e)
 	if (!st)
 		st = ng_cast_f32_to_bf16(ng_exec_tensor_(e, g, g->t_params_bf16), ng_exec_tensor_(e, g, g->t_params), n,
 					 e->stream);
-	int zero[] = { g->t_grads, g->t_adam_m, g->t_adam_v, g->t_step_state };
-	for (int i = 0; i < 4 && !st; i++)
+	int zero[] = { g->t_grads, g->t_adam_m, g->t_adam_v, g->t_step_state, g->t_fp8_state };
+	for (int i = 0; i < 5 && !st && zero[i] >= 0; i++)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, zero[i]), 0, g->tensors[zero[i]].bytes,
 						   e->stream));
 	if (!st)
@@ -585,6 +657,12 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	snprintf(e->device_name, sizeof(e->device_name), "%s", prop.name);
 	e->device_total_bytes = prop.totalGlobalMem;
 	e->peak_flops = peak_for(prop.name);
+	if (cfg->step.fp8 && prop.major * 10 + prop.minor < 89) {
+		ng_fail(NG_ERR_INPUT, "--fp8: %s (sm_%d%d) has no FP8 tensor cores (sm_89 and newer "
+			"have)", prop.name, prop.major, prop.minor);
+		ng_hint("drop --fp8: the bf16 step runs on this GPU");
+		return NG_ERR_INPUT;
+	}
 
 	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) ||
 	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))

@@ -233,6 +233,9 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_grads), 0,
 						   g->tensors[g->t_grads].bytes, e->stream));
+	if (!st && g->t_fp8_state >= 0) /* the scales' history is not checkpointed: it restarts */
+		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_fp8_state), 0,
+						   g->tensors[g->t_fp8_state].bytes, e->stream));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	if (!st)

@@ -37,7 +37,7 @@ const char *ng_op_kind_name(enum ng_op_kind kind)
 		"residual_layernorm_fwd", "matmul_fwd", "gelu_fwd", "attention_fwd",
 		"crossentropy", "loss_accumulate", "matmul_dinp", "matmul_dw", "gelu_bwd",
 		"attention_bwd", "layernorm_bwd", "encoder_bwd", "grad_norm", "schedule", "adamw",
-		"step_finish", "gather_rows", "logits_out",
+		"step_finish", "gather_rows", "logits_out", "fp8_prep",
 	};
 	return (unsigned)kind < NG_OP_KIND_COUNT ? n[kind] : "?";
 }
@@ -61,6 +61,7 @@ void ng_graph_init(struct ng_graph *g)
 	memset(g, 0, sizeof(*g));
 	g->t_params = g->t_params_bf16 = g->t_grads = g->t_adam_m = g->t_adam_v = -1;
 	g->t_step_state = g->t_tokens = g->t_eval_loss = g->t_logits_out = -1;
+	g->t_params_fp8 = g->t_fp8_state = -1;
 	g->align = NG_ARENA_ALIGN;
 }
 

@@ -39,6 +39,10 @@
  *                     (HEAD: {WTE, -1}, no bias); HEAD reads rows [row_start, +row_count) of
  *                     inp (N, C) and writes its chunk's logits (row_count, Vp).
  *                     Sample graphs: HEAD reads inp (B, C) (the gathered rows), row_count = B.
+ *                     fp8 = 1 (train graphs built with --fp8): also in: params_fp8, fp8_state;
+ *                     the op casts its input rows to E4M3 at the front of its scratch (with the
+ *                     slot's delayed scale, recording the rows' maximum) and multiplies them
+ *                     with the E4M3 weights (graph/step.h "FP8").
  *   GELU_FWD          in: pre (N, 4C) bf16. out: post (N, 4C) bf16. attr layer, recompute.
  *   ATTENTION_FWD     in: qkv (B, T, 3C) bf16. out: y (B, T, C) bf16, lse f32 (B, H, T).
  *                     attr layer.
@@ -70,6 +74,10 @@
  *                     out: rows (B, C) bf16 = x[b, positions[b]].
  *   LOGITS_OUT        (sample graphs) a marker the executor may ignore: in: logits (B, Vp) bf16,
  *                     the persistent METRIC tensor the host reads after the replay.
+ *   FP8_PREP          (train graphs with --fp8, first op after the tokens) in: params_bf16,
+ *                     fp8_state. out: params_fp8 (E4M3 weights of the forward matmuls, each
+ *                     layer's matrix with its own current scale), fp8_state (the activation
+ *                     scales rolled from the last steps' maxima).
  *
  * References: DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op order.
  */
@@ -117,7 +125,7 @@ enum ng_op_kind {
 	NG_OP_CROSSENTROPY, NG_OP_LOSS_ACCUMULATE, NG_OP_MATMUL_DINP, NG_OP_MATMUL_DW,
 	NG_OP_GELU_BWD, NG_OP_ATTENTION_BWD, NG_OP_LAYERNORM_BWD, NG_OP_ENCODER_BWD,
 	NG_OP_GRAD_NORM, NG_OP_SCHEDULE, NG_OP_ADAMW, NG_OP_STEP_FINISH, NG_OP_GATHER_ROWS,
-	NG_OP_LOGITS_OUT,
+	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP,
 	NG_OP_KIND_COUNT
 };
 
@@ -178,6 +186,7 @@ struct ng_op {
 	int overwrite;             /* MATMUL_DW: the step's first writer of its gradient: "=" (beta
 	                            * 0) instead of "+="; ZERO with param[0] >= 0: that parameter's
 	                            * gradient range only */
+	int fp8;                   /* MATMUL_FWD: E4M3 operands (see the kind's comment) */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };
 
@@ -193,6 +202,7 @@ struct ng_graph {
 	int recompute_layernorm;
 	int fuse_gelu;
 	int deterministic;
+	int fp8;                   /* train graphs: the forward matmuls take E4M3 operands */
 	size_t align;              /* arena alignment used by the plan, bytes */
 
 	struct ng_tensor *tensors; /* n_tensors entries */
@@ -206,6 +216,8 @@ struct ng_graph {
 	int t_params, t_params_bf16, t_grads, t_adam_m, t_adam_v, t_step_state, t_tokens;
 	int t_eval_loss;           /* eval graphs: the f32 (1) metric */
 	int t_logits_out;          /* sample graphs: logits (B, Vp) bf16, persistent */
+	int t_params_fp8;          /* --fp8 (every kind, for equal offsets): E4M3 weights u8 (P) */
+	int t_fp8_state;           /* --fp8: scales and maxima f32 (graph/step.h "FP8") */
 
 	size_t persistent_bytes;   /* the persistent region, aligned */
 	size_t arena_bytes;        /* the planned region (non-persistent tensors) */

@@ -177,6 +177,19 @@ static int emit_p(struct bld *b, struct ng_op op, size_t ws_bytes)
 	return emit(b, &op, ws_bytes);
 }
 
+/* --fp8 train graphs: make a forward matmul an fp8 one (its E4M3 weights and scales as inputs
+ * 2 and 3) and return the bytes its scratch needs in front for the E4M3 input; 0 otherwise. */
+static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic)
+{
+	struct ng_graph *g = b->g;
+	if (!g->fp8)
+		return 0;
+	op->fp8 = 1;
+	op->in[op->n_in++] = g->t_params_fp8;
+	op->in[op->n_in++] = g->t_fp8_state;
+	return ng_fp8_input_bytes((size_t)op->row_count, ic);
+}
+
 /* A full-rows matmul forward: out = inp @ W^T + b (with the GELU epilogue when aux >= 0). */
 static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int out, int aux)
 {
@@ -186,7 +199,8 @@ static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int ou
 				   : mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16), OUT(out));
 	op.gelu = aux >= 0;
 	op.row_count = (int)b->N;
-	emit_p(b, op, b->ws.matmul);
+	size_t in8 = fp8_in(b, &op, w == NG_OP_WHICH_FCPROJ ? 4 * b->C : b->C);
+	emit_p(b, op, b->ws.matmul + in8);
 }
 
 /* One micro-batch's forward up to the final LayerNorm. `sample` splits positions instead of
@@ -291,7 +305,8 @@ static void build_classifier(struct bld *b, const struct fwd_out *f, int dlnf, i
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
-		emit_p(b, op, b->ws.matmul);
+		size_t in8 = fp8_in(b, &op, b->C);
+		emit_p(b, op, b->ws.matmul + in8);
 		if (dlnf < 0) {
 			op = mk(NG_OP_CROSSENTROPY, NG_OP_WHICH_NONE, -1, IN(logits, f->targets),
 				OUT(losses));
@@ -490,6 +505,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	g->recompute_layernorm = opt.recompute_layernorm;
 	g->fuse_gelu = opt.fuse_gelu;
 	g->deterministic = opt.deterministic;
+	g->fp8 = opt.fp8 && kind == NG_GRAPH_TRAIN;
 	g->align = opt.align ? opt.align : 256;
 
 	size_t P[1] = { g->lay.total };
@@ -504,6 +520,13 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	size_t S[1] = { sizeof(struct ng_step_state) };
 	g->t_step_state = ng_graph_add_tensor(g, "step_state", NG_DTYPE_U8, NG_ROLE_METRIC, true,
 					      1, S, 0);
+	if (opt.fp8) { /* in every kind, so that the offsets below agree across kinds */
+		g->t_params_fp8 = ng_graph_add_tensor(g, "params_fp8", NG_DTYPE_U8,
+						      NG_ROLE_PARAM_BF16, true, 1, P, 0);
+		size_t F[1] = { ng_fp8_state_floats(cfg->L) };
+		g->t_fp8_state = ng_graph_add_tensor(g, "fp8_state", NG_DTYPE_F32,
+						     NG_ROLE_OPT_STATE, true, 1, F, 0);
+	}
 	if (kind == NG_GRAPH_EVAL) {
 		size_t one[1] = { 1 };
 		g->t_eval_loss = ng_graph_add_tensor(g, "eval_loss", NG_DTYPE_F32, NG_ROLE_METRIC,
@@ -585,6 +608,12 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 		z.out[0] = g->t_grads;
 		z.param[0] = accumulated[i];
 		emit(&b, &z, 0);
+	}
+	if (g->fp8) {
+		struct ng_op op = mk(NG_OP_FP8_PREP, NG_OP_WHICH_NONE, -1,
+				     IN(g->t_params_bf16, g->t_fp8_state),
+				     OUT(g->t_params_fp8, g->t_fp8_state));
+		emit(&b, &op, 0);
 	}
 	for (int m = 0; m < K && !g->status; m++) {
 		enter_micro(&b, m);

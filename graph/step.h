@@ -30,6 +30,50 @@
 extern "C" {
 #endif
 
+/*
+ * FP8 (--fp8). In the training step every forward matmul (qkv, attproj, fc, fcproj of each
+ * layer, and the classifier) multiplies E4M3 operands into bf16 (cuBLASLt, fp32 accumulate);
+ * the backward stays bf16 and reads the bf16 activations and weights as before, so only the
+ * forward's rounding changes. One scale per slot: slot (which - QKV) * L + layer for the four
+ * layer matmuls, 4L for the head.
+ *  - Weights: FP8_PREP casts each layer's matrix once per step with a current scale
+ *    (448 / its own max |w|), after the previous step's AdamW.
+ *  - Activations: delayed scaling. The cast in front of each matmul uses the slot's scale,
+ *    448 / (2^NG_FP8_ACT_MARGIN x the largest maximum of the last NG_FP8_HISTORY steps), and
+ *    records the maximum of what it casts; FP8_PREP rolls that into the history. In the first
+ *    step (no history) the scale is 1. Values above the scale's range saturate at +-448.
+ * fp8_state, f32: fields of S = 4L + 1 slots each, in the order of enum ng_fp8_field; the
+ * history is S rows of NG_FP8_HISTORY, newest first. Eval and sample graphs stay bf16.
+ */
+#define NG_FP8_HISTORY 16
+#define NG_FP8_ACT_MARGIN 1
+enum ng_fp8_field { NG_FP8_ACT_AMAX, NG_FP8_ACT_SCALE, NG_FP8_ACT_DESCALE, NG_FP8_W_AMAX,
+		    NG_FP8_W_SCALE, NG_FP8_W_DESCALE, NG_FP8_HIST };
+static inline int ng_fp8_slots(int L) { return 4 * L + 1; }
+/* First float of a field (NG_FP8_HIST: of the history rows). */
+static inline size_t ng_fp8_field_at(int L, enum ng_fp8_field f)
+{
+	return (size_t)f * (size_t)ng_fp8_slots(L);
+}
+static inline size_t ng_fp8_state_floats(int L)
+{
+	return ng_fp8_field_at(L, NG_FP8_HIST) + (size_t)ng_fp8_slots(L) * NG_FP8_HISTORY;
+}
+/* The slot of a forward matmul (-1 for anything else). */
+static inline int ng_fp8_slot(int L, enum ng_op_which w, int layer)
+{
+	if (w == NG_OP_WHICH_HEAD)
+		return 4 * L;
+	if (w >= NG_OP_WHICH_QKV && w <= NG_OP_WHICH_FCPROJ && layer >= 0 && layer < L)
+		return (int)(w - NG_OP_WHICH_QKV) * L + layer;
+	return -1;
+}
+/* Bytes of the E4M3 input copy at the front of a fp8 matmul's scratch (256-aligned). */
+static inline size_t ng_fp8_input_bytes(size_t rows, size_t ic)
+{
+	return (rows * ic + 255) / 256 * 256;
+}
+
 /* Workspace sizes in bytes; estimates made without a GPU. */
 struct ng_step_workspace {
 	size_t matmul;        /* cuBLASLt workspace per matmul (32 MiB) + bias-grad partials */
@@ -48,6 +92,7 @@ struct ng_step_options {
 	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
 				  * DGELU as the FC-proj dinp matmul's epilogue (BWD) */
 	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
+	int fp8;                 /* 1: E4M3 forward matmuls in the training step (below) */
 	size_t align;            /* arena alignment in bytes; 0 = 256 */
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };

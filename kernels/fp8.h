@@ -44,6 +44,33 @@ enum ng_status ng_fp8_cast_e4m3(uint8_t *out,        /* (n) E4M3 bytes, =, 8-byt
 				const float *scale,  /* (1) fp32 */
 				size_t n, cudaStream_t s);
 
+/* Segmented forms: `nseg` consecutive segments of seg_n elements (seg_n a multiple of 8 when
+ * nseg > 1), each with its own slot k of amax / scale / descale: the layers of one parameter
+ * block, one scale per layer. nseg = 1 is the plain form above. */
+enum ng_status ng_fp8_amax_seg(float *amax,       /* (nseg) fp32, max= */
+			       const ng_bf16 *in, /* (nseg, seg_n) bf16 */
+			       size_t seg_n, int nseg, cudaStream_t s);
+enum ng_status ng_fp8_scale_seg(float *scale,      /* (nseg) fp32, = */
+				float *descale,    /* (nseg) fp32, = */
+				const float *amax, /* (nseg) fp32 */
+				int nseg, int margin, cudaStream_t s);
+/* out = E4M3(in * scale[k]) per segment k; when amax is not NULL, also amax[k] = max(amax[k],
+ * max |in| of segment k): the cast records the maximum for the next step's scale. */
+enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out,        /* (nseg, seg_n) E4M3, = */
+				    const ng_bf16 *in,   /* (nseg, seg_n) bf16 */
+				    const float *scale,  /* (nseg) fp32 */
+				    float *amax,         /* (nseg) fp32, max=, or NULL */
+				    size_t seg_n, int nseg, cudaStream_t s);
+
+/* Delayed scaling, once per step for each of nseg slots: push amax[k] into the slot's history
+ * of the last H maxima (hist row k, newest first), scale[k] / descale[k] from the largest of
+ * them as ng_fp8_scale_from_amax does, and amax[k] = 0 for the step to come. */
+enum ng_status ng_fp8_roll_scales(float *hist,    /* (nseg, H) fp32, updated */
+				  float *amax,    /* (nseg) fp32, read then zeroed */
+				  float *scale,   /* (nseg) fp32, = */
+				  float *descale, /* (nseg) fp32, = */
+				  int nseg, int H, int margin, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -175,6 +175,14 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &fake, sizeof(fake)))
 			return NG_ERR_RUNTIME;
 	}
+	/* FP8: the scale pointers are part of what the heuristic matches (a plan chosen without
+	 * them is refused at run time with them set, CUBLAS_STATUS_NOT_SUPPORTED); the run sets
+	 * the real device pointers */
+	if (sp->fp8 && (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fake,
+				  sizeof(fake)) ||
+			set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fake,
+				  sizeof(fake))))
+		return NG_ERR_RUNTIME;
 	if (sp->gelu) {
 		int64_t ld = mm->m; /* aux has D's shape: (m, n) column-major */
 		int32_t at = CUDA_R_16BF;
@@ -382,7 +390,13 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 		layout_workspace_(mm);
 		for (int r = -1; r < nr && ok; r++) { /* r = -1: warm-up, not timed */
 			cudaEventRecord(e0, 0);
-			if (ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
+			/* fp8: the scratch's first floats serve as descales (finite; the bf16 output
+			 * may overflow, which does not change the timing) */
+			if (sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux,
+							(const float *)t.bias,
+							(const float *)t.bias, t.ws, 0)
+				    : ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws,
+						    0))
 				ok = 0;
 			cudaEventRecord(e1, 0);
 			if (ok && NG_CUDA_CHECK(cudaEventSynchronize(e1)))

@@ -127,6 +127,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		c->step.recompute_layernorm = strstr(o->recompute, "layernorm") != NULL;
 	}
 	c->step.head_chunk_rows = (int)o->head_chunk;
+	c->step.fp8 = o->fp8;
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
 }

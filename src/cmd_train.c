@@ -79,6 +79,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--gelu-fusion", NG_FLAG_STRING, &o.gelu_fusion, 0, 0, "WHAT",
 		  "GPU: GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd | bwd | none (auto: "
 		  "fwd, and bwd where it times faster at plan time)", false },
+		{ "--fp8", NG_FLAG_BOOL, &o.fp8, 0, 0, NULL,
+		  "GPU (sm_89+): the forward matmuls in FP8 E4M3 with per-tensor scales (the "
+		  "backward stays bf16)", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
 		{ "--world", NG_FLAG_INT, &da.world, 1, 1 << 20, "N",
@@ -153,6 +156,12 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 			       "mpirun or srun)");
 
 	struct ng_backend be;
+	if (strcmp(o.device, "cpu") == 0 && o.fp8) {
+		ng_fail(NG_ERR_INPUT, "train --fp8: the CPU reference computes in double precision "
+			"and has no FP8 path");
+		ng_hint("drop --fp8, or train on the GPU (--device cuda)");
+		return NG_ERR_INPUT;
+	}
 	if (strcmp(o.device, "cpu") == 0) {
 		st = ng_backend_cpu_init(&be, &o);
 	} else if (strcmp(o.device, "cuda") == 0) {

@@ -48,6 +48,7 @@ struct ng_train_opts {
 	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm" or "none" */
 	long long head_chunk;      /* GPU: classifier rows per chunk, 0 = all B*T at once */
 	const char *gelu_fusion;   /* GPU: --gelu-fusion fwd,bwd | fwd | bwd | none (NULL: default) */
+	bool fp8;                  /* GPU: E4M3 forward matmuls (graph/step.h "FP8") */
 };
 
 /* What a backend reports for one optimizer step. */

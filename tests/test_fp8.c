@@ -190,6 +190,104 @@ Test(fp8, amax_nan_and_bad_args)
 	cudaFree(bs);
 }
 
+/* Segmented forms, as FP8_PREP and the fp8 matmuls use them: 5 segments of 3 x 1000 values,
+ * each segment at its own magnitude (2^-6 .. 2^6): per-segment amax, scale, a cast that also
+ * records the maximum, every byte against the CPU encoder. */
+Test(fp8, segments_amax_scale_cast)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	enum { NSEG = 5, SEG = 3000 };
+	uint64_t seed = seed_now_();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	static uint16_t h[NSEG * SEG];
+	static uint8_t got[NSEG * SEG];
+	float amax[NSEG] = { 0 };
+	for (int k = 0; k < NSEG; k++)
+		for (int i = 0; i < SEG; i++) {
+			double x = ng_rng_normal(&r) * ldexp(1.0, 3 * k - 6);
+			h[k * SEG + i] = f_bf16_((float)x);
+			amax[k] = fmaxf(amax[k], fabsf(bf16_f_(h[k * SEG + i])));
+		}
+	void *bi, *bo, *bs;
+	uint16_t *din = dev_(&bi, sizeof(h), 0);
+	uint8_t *dout = dev_(&bo, sizeof(got), 0);
+	float *d = dev_(&bs, 4 * NSEG * sizeof(float), 0); /* amax, scale, descale, amax2 */
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, sizeof(h), cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemset(d, 0, 4 * NSEG * sizeof(float))));
+	cr_assert_eq(ng_fp8_amax_seg(d, din, SEG, NSEG, 0), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(ng_fp8_scale_seg(d + NSEG, d + 2 * NSEG, d, NSEG, 0, 0), NG_OK);
+	cr_assert_eq(ng_fp8_cast_e4m3_seg(dout, din, d + NSEG, d + 3 * NSEG, SEG, NSEG, 0), NG_OK,
+		     "%s", ng_error_message());
+	float hd[4 * NSEG];
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(got, dout, sizeof(got), cudaMemcpyDeviceToHost)));
+	size_t bad = 0;
+	for (int k = 0; k < NSEG; k++) {
+		float sc = 448.0f / amax[k];
+		cr_expect_eq(hd[k], amax[k], "seed %llu seg %d: amax gpu %a cpu %a",
+			     (unsigned long long)seed, k, hd[k], amax[k]);
+		cr_expect_eq(hd[3 * NSEG + k], amax[k], "seg %d: the cast's recorded maximum %a", k,
+			     hd[3 * NSEG + k]);
+		cr_expect_eq(hd[NSEG + k], sc, "seg %d: scale %a want %a", k, hd[NSEG + k], sc);
+		cr_expect_eq(hd[2 * NSEG + k], 1.0f / sc);
+		for (int i = 0; i < SEG; i++)
+			if (got[k * SEG + i] != e4m3_encode_(bf16_f_(h[k * SEG + i]) * sc))
+				bad++;
+	}
+	cr_expect_eq(bad, 0, "seed %llu: %zu bytes differ", (unsigned long long)seed, bad);
+	ng_clear_error();
+	cr_expect_eq(ng_fp8_amax_seg(d, din, 1001, 2, 0), NG_ERR_INPUT, "segments must be whole "
+		     "16-byte rows");
+	ng_clear_error();
+	cudaFree(bi);
+	cudaFree(bo);
+	cudaFree(bs);
+}
+
+/* Delayed scaling: three slots, history 4, margin 1, over 6 steps of maxima (one NaN): after
+ * each roll the scale is 448 / (2 x the largest of the last 4 maxima), amax is zeroed; a NaN in
+ * the window keeps scale 1. Against the same rule on the host. */
+Test(fp8, roll_scales_history)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	enum { S = 3, H = 4, STEPS = 6 };
+	const float seq[STEPS][S] = { { 0, 1, 2 },  { 3, 0.5f, 2 }, { 1, 0.25f, NAN },
+				      { 1, 0.125f, 1 }, { 1, 4, 1 },  { 0.5f, 0.125f, 1 } };
+	void *bs;
+	float *d = dev_(&bs, (size_t)(S * H + 3 * S) * sizeof(float), 0);
+	float *hist = d, *amax = d + S * H, *sc = amax + S, *dsc = sc + S;
+	cr_assert(!NG_CUDA_CHECK(cudaMemset(d, 0, (size_t)(S * H + 3 * S) * sizeof(float))));
+	float win[S][H] = { { 0 } };
+	for (int t = 0; t < STEPS; t++) {
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(amax, seq[t], sizeof(seq[t]),
+						    cudaMemcpyHostToDevice)));
+		cr_assert_eq(ng_fp8_roll_scales(hist, amax, sc, dsc, S, H, 1, 0), NG_OK, "%s",
+			     ng_error_message());
+		float out[3 * S];
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(out, amax, sizeof(out),
+						    cudaMemcpyDeviceToHost)));
+		for (int k = 0; k < S; k++) {
+			memmove(&win[k][1], &win[k][0], (H - 1) * sizeof(float));
+			win[k][0] = seq[t][k];
+			float m = 0;
+			int nan = 0;
+			for (int j = 0; j < H; j++) {
+				nan |= isnan(win[k][j]);
+				m = fmaxf(m, win[k][j]);
+			}
+			float want = (!nan && m > 0) ? 448.0f / (2.0f * m) : 1.0f;
+			cr_expect_eq(out[k], 0.0f, "step %d slot %d: amax not zeroed", t, k);
+			cr_expect_eq(out[S + k], want, "step %d slot %d: scale %g want %g", t, k,
+				     out[S + k], want);
+			cr_expect_eq(out[2 * S + k], 1.0f / want);
+		}
+	}
+	cudaFree(bs);
+}
+
 /* One FWD fp8 matmul against the fp64 and naive fp32 loops over the same E4M3 inputs. */
 static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 {

@@ -47,6 +47,7 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	o->recompute_layernorm = (int)ng_rng_below(&rng_, 2);
 	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
+	o->fp8 = (int)ng_rng_below(&rng_, 2);
 	o->head_chunk_rows = ng_rng_below(&rng_, 3) == 0 ? 0
 							  : 1 + (int)ng_rng_below(&rng_, (uint64_t)(*B * *T));
 }
@@ -342,6 +343,78 @@ Test(step, eval_and_sample_graphs, .init = setup_)
 		ng_graph_free(&tr);
 		ng_graph_free(&ev);
 		ng_graph_free(&sa);
+	}
+}
+
+/* --fp8: one FP8_PREP right after the gradient zeroing and before any forward op; every
+ * forward matmul of the train graph (L per kind and every head chunk) is fp8 with its E4M3
+ * weights and scales as inputs 2 and 3 and room for its E4M3 input in front of its workspace;
+ * eval and sample graphs declare the same persistent tensors at the same offsets but stay bf16;
+ * without --fp8 none of it exists. */
+Test(step, fp8_graphs, .init = setup_)
+{
+	for (int rep = 0; rep < 50; rep++) {
+		struct ng_gpt_config c;
+		struct ng_step_options o;
+		int B, T, K;
+		random_case(&c, &B, &T, &K, &o);
+		o.fp8 = 1;
+		struct ng_graph tr, ev, sa, plain;
+		cr_assert_eq(ng_step_build_train(&tr, &c, B, T, K, &o), NG_OK, "%s",
+			     ng_error_message());
+		cr_assert_eq(ng_step_build_eval(&ev, &c, B, T, K, &o), NG_OK);
+		cr_assert_eq(ng_step_build_sample(&sa, &c, B, T, &o), NG_OK);
+		cr_assert_eq(count_kind(&tr, NG_OP_FP8_PREP), 1);
+		int prep = -1, first_fwd = -1, n_fp8 = 0, chunks = 0;
+		for (int i = 0; i < tr.n_ops; i++) {
+			const struct ng_op *op = &tr.ops[i];
+			if (op->kind == NG_OP_FP8_PREP) {
+				prep = i;
+				cr_assert_eq(op->in[0], tr.t_params_bf16);
+				cr_assert_eq(op->out[0], tr.t_params_fp8);
+				cr_assert_eq(op->in[1], tr.t_fp8_state);
+			}
+			if (op->phase == NG_PHASE_FORWARD && first_fwd < 0)
+				first_fwd = i;
+			if (op->kind != NG_OP_MATMUL_FWD)
+				continue;
+			chunks += op->which == NG_OP_WHICH_HEAD;
+			cr_assert_eq(op->fp8, 1, "%s", op->name);
+			cr_assert_eq(op->n_in, 4, "%s", op->name);
+			cr_assert_eq(op->in[2], tr.t_params_fp8);
+			cr_assert_eq(op->in[3], tr.t_fp8_state);
+			cr_assert_geq(ng_fp8_slot(c.L, op->which, op->layer), 0, "%s", op->name);
+			size_t ic = op->which == NG_OP_WHICH_FCPROJ ? 4 * (size_t)c.C : (size_t)c.C;
+			cr_assert_geq(tr.tensors[op->scratch].bytes,
+				      ng_fp8_input_bytes((size_t)op->row_count, ic), "%s", op->name);
+			n_fp8++;
+		}
+		cr_assert(prep >= 0 && prep < first_fwd, "FP8_PREP at %d, first forward op %d", prep,
+			  first_fwd);
+		cr_assert_eq(n_fp8, K * 4 * c.L + chunks);
+		cr_assert_eq(chunks % K, 0);
+		cr_assert(tr.fp8 && !ev.fp8 && !sa.fp8);
+		cr_assert_eq(tr.tensors[tr.t_fp8_state].bytes, ng_fp8_state_floats(c.L) * 4);
+		cr_assert_eq(tr.tensors[tr.t_params_fp8].bytes, tr.lay.total);
+		const struct ng_graph *others[2] = { &ev, &sa };
+		for (int j = 0; j < 2; j++) {
+			const struct ng_graph *q = others[j];
+			cr_assert_eq(count_kind(q, NG_OP_FP8_PREP), 0);
+			for (int i = 0; i < q->n_ops; i++)
+				cr_assert_eq(q->ops[i].fp8, 0);
+			cr_assert_eq(q->tensors[q->t_params_fp8].offset,
+				     tr.tensors[tr.t_params_fp8].offset);
+			cr_assert_eq(q->tensors[q->t_fp8_state].offset,
+				     tr.tensors[tr.t_fp8_state].offset);
+		}
+		o.fp8 = 0;
+		cr_assert_eq(ng_step_build_train(&plain, &c, B, T, K, &o), NG_OK);
+		cr_assert_eq(plain.t_params_fp8, -1);
+		cr_assert_eq(count_kind(&plain, NG_OP_FP8_PREP), 0);
+		ng_graph_free(&tr);
+		ng_graph_free(&ev);
+		ng_graph_free(&sa);
+		ng_graph_free(&plain);
 	}
 }
 

@@ -53,17 +53,24 @@ static double rel_l2(const float *a, const double *ref, size_t n)
 
 /* One step of the planned GPU graph against the double-precision CPU reference, GELU fused into
  * the matmuls as `fuse` says (NG_GELU_FUSE_* bits; AUTO: as timed on this device). */
-static void step_matches(int fuse)
+static void step_matches(int fuse, int fp8)
 {
 	uint64_t seed = (uint64_t)time(NULL);
 	struct ng_exec_config c;
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
 	c.step.fuse_gelu = fuse;
+	c.step.fp8 = fp8;
+	/* bounds: bf16 as the file's comment says; fp8 forward matmuls see both operands rounded
+	 * to E4M3 (unit roundoff u8 = 2^-4), a relative error of about sqrt(2/3) u8 = 0.051 per
+	 * matmul output, which the backward carries into every gradient: 4x that for gradients,
+	 * and the loss (near log V at init, its logits small) 2e-2 */
+	const double tol_grad = fp8 ? 0.2 : 4e-2, tol_loss = fp8 ? 2e-2 : 1e-2;
 	struct ng_exec e;
 	enum ng_status st = ng_exec_init(&e, &c);
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
-	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s): planned, %s\n",
-		ng_step_gelu_fusion_name(e.train.fuse_gelu), ng_attention_describe(&e.att));
+	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s): planned, %s\n",
+		ng_step_gelu_fusion_name(e.train.fuse_gelu), fp8 ? ", fp8" : "",
+		ng_attention_describe(&e.att));
 
 	/* K micro-batches of fresh random tokens */
 	int B = c.B, T = c.T, K = c.K, V = c.model.V;
@@ -104,17 +111,17 @@ static void step_matches(int fuse)
 		loss += l / K;
 	}
 	double lerr = fabs(rec.loss - loss) / loss;
-	cr_expect(lerr < 1e-2, "loss gpu %.6f ref %.6f rel err %.2e (seed %llu)", rec.loss, loss,
-		  lerr, (unsigned long long)seed);
+	cr_expect(lerr < tol_loss, "loss gpu %.6f ref %.6f rel err %.2e (seed %llu)", rec.loss,
+		  loss, lerr, (unsigned long long)seed);
 	double norm = ng_cpu_grad_norm(&m);
-	cr_expect(fabs(rec.grad_norm - norm) / norm < 4e-2, "grad norm gpu %.6f ref %.6f",
+	cr_expect(fabs(rec.grad_norm - norm) / norm < tol_grad, "grad norm gpu %.6f ref %.6f",
 		  rec.grad_norm, norm);
 	for (int i = 0; i < NG_P_COUNT; i++) {
 		const struct ng_param_spec *p = &g->lay.p[i];
 		double err = rel_l2(grads + p->offset, m.grads + p->offset, p->numel);
-		cr_expect(err < 4e-2, "grad %s: rel L2 err %.3e (seed %llu)", p->name, err,
-			  (unsigned long long)seed);
-		printf("grad %-9s rel L2 err %.3e\n", p->name, err);
+		cr_expect(err < tol_grad, "grad %s%s: rel L2 err %.3e (seed %llu)", p->name,
+			  fp8 ? " (fp8)" : "", err, (unsigned long long)seed);
+		printf("grad %-9s%s rel L2 err %.3e\n", p->name, fp8 ? " fp8" : "", err);
 	}
 	/* AdamW: the reference update applied to the GPU's gradients */
 	double clip_scale = rec.grad_norm > c.clip ? c.clip / (rec.grad_norm + 1e-6) : 1.0;
@@ -153,15 +160,46 @@ Test(train_gpu, step_matches_cpu_reference)
 	int masks[] = { NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO,
 			NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, NG_GELU_FUSE_FWD, NG_GELU_FUSE_BWD, 0 };
 	for (size_t i = 0; i < sizeof(masks) / sizeof(masks[0]); i++)
-		step_matches(masks[i]);
+		step_matches(masks[i], 0);
+}
+
+static void sm_version(int *major, int *minor)
+{
+	int dev = 0;
+	*major = *minor = 0;
+	cudaGetDevice(&dev);
+	cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
+	cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
+}
+
+/* --fp8: the E4M3 forward against the same double reference, with the fp8 bounds above; a GPU
+ * without FP8 (before sm_89) must refuse it at init with NG_ERR_INPUT, which is a skip. */
+Test(train_gpu, fp8_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	int major, minor;
+	sm_version(&major, &minor);
+	if (major * 10 + minor < 89) {
+		struct ng_exec_config c;
+		tiny_config(&c, 64, 64, 2, 500, 4, 2);
+		c.step.fp8 = 1;
+		struct ng_exec e;
+		cr_assert_eq(ng_exec_init(&e, &c), NG_ERR_INPUT);
+		ng_exec_free(&e);
+		cr_skip_test("no FP8 on sm_%d%d (init refused it, as it should)", major, minor);
+	}
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 1);
+	step_matches(NG_GELU_FUSE_FWD, 1);
 }
 
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
-static void run_losses(int no_graph, int T, float *losses, int steps)
+static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 {
 	struct ng_exec_config c;
 	tiny_config(&c, T, 128, 2, 512, 2, 2);
 	c.deterministic = 1;
+	c.step.fp8 = fp8;
 	c.no_graph = no_graph;
 	c.sched.total = steps;
 	struct ng_exec e;
@@ -200,8 +238,8 @@ Test(train_gpu, graph_equals_eager_deterministic)
 	int Ts[] = { 128, 64 }; /* cuDNN attention (T multiple of 128), and the naive fallback */
 	for (int t = 0; t < 2; t++) {
 		float a[STEPS], b[STEPS];
-		run_losses(0, Ts[t], a, STEPS);
-		run_losses(1, Ts[t], b, STEPS);
+		run_losses(0, Ts[t], a, STEPS, 0);
+		run_losses(1, Ts[t], b, STEPS, 0);
 		for (int i = 0; i < STEPS; i++)
 			cr_expect(memcmp(&a[i], &b[i], sizeof(float)) == 0,
 				  "T=%d step %d: graph %.9g eager %.9g", Ts[t], i + 1, a[i], b[i]);
@@ -210,4 +248,33 @@ Test(train_gpu, graph_equals_eager_deterministic)
 		printf("T=%d graph vs eager: %d steps bit-identical, loss %.4f -> %.4f\n", Ts[t],
 		       STEPS, a[0], a[STEPS - 1]);
 	}
+}
+
+/* --fp8 over 20 steps: the scales roll from step to step inside the graph, so graph and eager
+ * must still agree bit for bit, and the loss must follow the bf16 run's: each step's loss
+ * within 2e-2 relative (the bound of fp8_step_matches_cpu_reference), and falling. */
+Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	int major, minor;
+	sm_version(&major, &minor);
+	if (major * 10 + minor < 89)
+		cr_skip_test("no FP8 on sm_%d%d", major, minor);
+	enum { STEPS = 20 };
+	float a[STEPS], b[STEPS], r[STEPS];
+	run_losses(0, 128, a, STEPS, 1);
+	run_losses(1, 128, b, STEPS, 1);
+	run_losses(0, 128, r, STEPS, 0);
+	double worst = 0;
+	for (int i = 0; i < STEPS; i++) {
+		cr_expect(memcmp(&a[i], &b[i], sizeof(float)) == 0, "fp8 step %d: graph %.9g eager "
+			  "%.9g", i + 1, a[i], b[i]);
+		double d = fabs(a[i] - r[i]) / r[i];
+		worst = d > worst ? d : worst;
+	}
+	cr_expect(worst < 2e-2, "fp8 loss strays from bf16's by %.3e (relative)", worst);
+	cr_expect(a[STEPS - 1] < a[0], "fp8: loss did not fall: %g -> %g", a[0], a[STEPS - 1]);
+	printf("fp8 graph vs eager: %d steps bit-identical, loss %.4f -> %.4f (bf16 %.4f -> %.4f, "
+	       "worst relative gap %.2e)\n", STEPS, a[0], a[STEPS - 1], r[0], r[STEPS - 1], worst);
 }
