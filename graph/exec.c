@@ -188,6 +188,104 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 	return NG_OK;
 }
 
+/* --fp8 (AUTO): for each kind of forward matmul, at the step's shape, the bf16 matmul against
+ * the E4M3 cast of its input plus the fp8 matmul (median of 9 interleaved runs after 2
+ * warm-ups, on scratch filled with a constant); a kind stays fp8 only where that is faster.
+ * The cast costs 3 bytes an input element, so an output narrower than about C = 800 loses what
+ * the fp8 rate wins (kernels of GPU.md's rates). Plans stay in e->plans. */
+static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows, int *mask)
+{
+	enum { WARM = 2, REPS = 9 };
+	const struct ng_gpt_config *m = &e->cfg.model;
+	static const enum ng_op_which kinds[5] = { NG_OP_WHICH_QKV, NG_OP_WHICH_ATTPROJ,
+						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ,
+						   NG_OP_WHICH_HEAD };
+	enum ng_status st = NG_OK;
+	for (int k = 0; k < 5 && !st; k++) {
+		e->fp8_ms[k][0] = e->fp8_ms[k][1] = -1.0f;
+		if (!(*mask & ng_fp8_bit(kinds[k])))
+			continue;
+		struct ng_matmul_spec s = { .kind = NG_MATMUL_FWD, .autotune = e->cfg.autotune };
+		linear_dims(m, kinds[k], &s.IC, &s.OC);
+		s.N = kinds[k] == NG_OP_WHICH_HEAD ? head_rows : e->cfg.B * e->cfg.T;
+		s.bias = kinds[k] != NG_OP_WHICH_HEAD;
+		s.gelu = kinds[k] == NG_OP_WHICH_FC && fuse_fwd;
+		int plan[2] = { 0, 0 };
+		st = plan_spec(e, s, &plan[0]);
+		s.fp8 = 1;
+		if (!st)
+			st = plan_spec(e, s, &plan[1]);
+		if (st)
+			break;
+		size_t n_in = (size_t)s.N * s.IC, n_out = (size_t)s.N * s.OC, n_w = (size_t)s.OC * s.IC;
+		size_t ws = e->plans[plan[0]].mm.workspace_need;
+		if (e->plans[plan[1]].mm.workspace_need > ws)
+			ws = e->plans[plan[1]].mm.workspace_need;
+		/* inp, inp8, W, W8, out, aux, bias, scales (scale, amax, 2 descales), workspace */
+		size_t sizes[9] = { n_in * 2, n_in, n_w * 2, n_w, n_out * 2, s.gelu ? n_out * 2 : 0,
+				    (size_t)s.OC * 2, 64, ws };
+		size_t at[9], bytes = 0;
+		for (int i = 0; i < 9; i++) {
+			at[i] = bytes;
+			bytes += ALIGN_UP(sizes[i], 256);
+		}
+		char *buf = NULL;
+		if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
+			(void)cudaGetLastError(); /* no room to time: keep the kind as asked */
+			continue;
+		}
+		float one[16] = { 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0, 0, 0, 1.0f };
+		float *sc = (float *)(buf + at[7]);
+		cudaEvent_t ev[2] = { 0 };
+		float ms[2][REPS];
+		st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, at[7], e->stream)); /* 0.0115 */
+		if (!st)
+			st = NG_CUDA_CHECK(cudaMemcpyAsync(sc, one, sizeof(one), cudaMemcpyHostToDevice,
+							   e->stream));
+		for (int i = 0; i < 2 && !st; i++)
+			st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
+		for (int r = 0; r < WARM + REPS && !st; r++) {
+			for (int v = 0; v < 2 && !st; v++) {
+				const struct ng_matmul *mm = &e->plans[plan[v]].mm;
+				void *wsp = ws ? buf + at[8] : NULL, *aux = s.gelu ? buf + at[5] : NULL;
+				void *bias = s.bias ? buf + at[6] : NULL;
+				st = NG_CUDA_CHECK(cudaEventRecord(ev[0], e->stream));
+				if (!st && v == 0)
+					st = ng_matmul_run(mm, buf + at[4], buf + at[0], buf + at[2], bias,
+							   aux, NULL, wsp, e->stream);
+				if (!st && v == 1)
+					st = ng_fp8_cast_e4m3_seg((uint8_t *)(buf + at[1]),
+								  (const ng_bf16 *)(buf + at[0]), sc,
+								  sc + 1, n_in, 1, e->stream);
+				if (!st && v == 1)
+					st = ng_matmul_run_fp8(mm, buf + at[4], buf + at[1], buf + at[3],
+							       bias, aux, sc + 4, sc + 8, wsp,
+							       e->stream);
+				if (!st)
+					st = NG_CUDA_CHECK(cudaEventRecord(ev[1], e->stream));
+				if (!st)
+					st = NG_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+				if (!st && r >= WARM)
+					st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[v][r - WARM], ev[0],
+										ev[1]));
+			}
+		}
+		for (int i = 0; i < 2; i++)
+			if (ev[i])
+				cudaEventDestroy(ev[i]);
+		cudaFree(buf);
+		if (st)
+			break;
+		for (int v = 0; v < 2; v++) {
+			qsort(ms[v], REPS, sizeof(float), cmp_float);
+			e->fp8_ms[k][v] = ms[v][REPS / 2];
+		}
+		if (e->fp8_ms[k][1] >= e->fp8_ms[k][0])
+			*mask &= ~ng_fp8_bit(kinds[k]);
+	}
+	return st;
+}
+
 /* The bytes op's scratch tensor must have, from the real plans. */
 static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, const struct ng_op *op,
 			   int plan)
@@ -270,6 +368,8 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	for (int i = 0; i < 5 && !st; i++) {
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
 		int nseg = i < 4 ? L : 1;
+		if (!(g->fp8 & (1 << i))) /* NG_FP8_* bit i: kind i is not fp8 */
+			continue;
 		st = ng_fp8_amax_seg(w_amax + i * L, pp(e, g, op->in[0], ids[i], 0), p->numel / nseg,
 				     nseg, s);
 	}
@@ -279,6 +379,8 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	for (int i = 0; i < 5 && !st; i++) {
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
 		int nseg = i < 4 ? L : 1;
+		if (!(g->fp8 & (1 << i)))
+			continue;
 		st = ng_fp8_cast_e4m3_seg(pp(e, g, op->out[0], ids[i], 0),
 					  pp(e, g, op->in[0], ids[i], 0), w_scale + i * L, NULL,
 					  p->numel / nseg, nseg, s);
@@ -308,8 +410,8 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 				 pp(e, g, op->in[2], op->param[0], op->layer),
 				 op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,
 				 op->gelu ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
-				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + slot,
-				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + slot,
+				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
+				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
 				 (char *)scratch + ng_fp8_input_bytes(rows, ic), s);
 }
 
@@ -672,17 +774,28 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	opt.deterministic = cfg->deterministic;
 	if (opt.deterministic) /* a timed choice could differ between two runs */
 		opt.fuse_gelu &= ~NG_GELU_FUSE_AUTO;
+	if (opt.deterministic && (opt.fp8 & NG_FP8_AUTO)) /* untimed: the kinds that widen */
+		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD)) | NG_FP8_AUTO;
 	/* built first, so that a bad shape gets the builder's message before anything is timed */
 	if (!st)
 		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
+	struct ng_step_options built = opt;
 	if (!st && (opt.fuse_gelu & NG_GELU_FUSE_AUTO)) {
-		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0, built = fuse;
+		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
 		st = choose_dgelu(e, &fuse);
 		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
-		if (!st && fuse != built) {
-			ng_graph_free(&e->train);
-			st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
-		}
+	}
+	for (int k = 0; k < 5; k++)
+		e->fp8_ms[k][0] = e->fp8_ms[k][1] = -1.0f;
+	if (!st && (opt.fp8 & NG_FP8_AUTO) && !opt.deterministic) {
+		int mask = opt.fp8 & NG_FP8_ALL;
+		st = choose_fp8(e, (opt.fuse_gelu & NG_GELU_FUSE_FWD) != 0, e->train.head_chunk_rows,
+				&mask);
+		opt.fp8 = mask | NG_FP8_AUTO;
+	}
+	if (!st && (opt.fuse_gelu != built.fuse_gelu || opt.fp8 != built.fp8)) {
+		ng_graph_free(&e->train);
+		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
 	}
 	if (!st && cfg->eval_batches > 0)
 		st = ng_step_build_eval(&e->eval, &cfg->model, cfg->B, cfg->T, cfg->eval_batches,

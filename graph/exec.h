@@ -76,6 +76,8 @@ struct ng_exec {
 	struct ng_attention att;       /* one plan: every layer has the same shape */
 	struct ng_exec_matmul plans[NG_EXEC_MAX_PLANS];
 	int n_plans;
+	float fp8_ms[5][2];            /* --fp8 auto: per kind (qkv, attproj, fc, fcproj, head) the
+	                                * forward bf16 / cast + fp8, ms (-1: not timed) */
 	float dgelu_ms[2];             /* gelu-fusion auto: FC-proj backward fused / plain+kernel
 	                                * (-1: not timed, no device memory to spare) */
 	int *train_plan;               /* per train op: index into plans, or -1 */

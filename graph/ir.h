@@ -202,7 +202,8 @@ struct ng_graph {
 	int recompute_layernorm;
 	int fuse_gelu;
 	int deterministic;
-	int fp8;                   /* train graphs: the forward matmuls take E4M3 operands */
+	int fp8;                   /* train graphs: NG_FP8_* bits (graph/step.h) of the forward
+	                            * matmuls that take E4M3 operands; 0 in other kinds */
 	size_t align;              /* arena alignment used by the plan, bytes */
 
 	struct ng_tensor *tensors; /* n_tensors entries */

@@ -182,7 +182,7 @@ static int emit_p(struct bld *b, struct ng_op op, size_t ws_bytes)
 static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic)
 {
 	struct ng_graph *g = b->g;
-	if (!g->fp8)
+	if (!(g->fp8 & ng_fp8_bit(op->which)))
 		return 0;
 	op->fp8 = 1;
 	op->in[op->n_in++] = g->t_params_fp8;
@@ -505,7 +505,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	g->recompute_layernorm = opt.recompute_layernorm;
 	g->fuse_gelu = opt.fuse_gelu;
 	g->deterministic = opt.deterministic;
-	g->fp8 = opt.fp8 && kind == NG_GRAPH_TRAIN;
+	g->fp8 = kind == NG_GRAPH_TRAIN ? opt.fp8 & NG_FP8_ALL : 0;
 	g->align = opt.align ? opt.align : 256;
 
 	size_t P[1] = { g->lay.total };
@@ -520,7 +520,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	size_t S[1] = { sizeof(struct ng_step_state) };
 	g->t_step_state = ng_graph_add_tensor(g, "step_state", NG_DTYPE_U8, NG_ROLE_METRIC, true,
 					      1, S, 0);
-	if (opt.fp8) { /* in every kind, so that the offsets below agree across kinds */
+	if (opt.fp8 & NG_FP8_ALL) { /* in every kind, so that the offsets below agree */
 		g->t_params_fp8 = ng_graph_add_tensor(g, "params_fp8", NG_DTYPE_U8,
 						      NG_ROLE_PARAM_BF16, true, 1, P, 0);
 		size_t F[1] = { ng_fp8_state_floats(cfg->L) };

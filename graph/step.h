@@ -31,8 +31,8 @@ extern "C" {
 #endif
 
 /*
- * FP8 (--fp8). In the training step every forward matmul (qkv, attproj, fc, fcproj of each
- * layer, and the classifier) multiplies E4M3 operands into bf16 (cuBLASLt, fp32 accumulate);
+ * FP8 (--fp8). In the training step the chosen forward matmuls (qkv, attproj, fc, fcproj of
+ * each layer, the classifier) multiply E4M3 operands into bf16 (cuBLASLt, fp32 accumulate);
  * the backward stays bf16 and reads the bf16 activations and weights as before, so only the
  * forward's rounding changes. One scale per slot: slot (which - QKV) * L + layer for the four
  * layer matmuls, 4L for the head.
@@ -42,18 +42,37 @@ extern "C" {
  *    448 / (2^NG_FP8_ACT_MARGIN x the largest maximum of the last NG_FP8_HISTORY steps), and
  *    records the maximum of what it casts; FP8_PREP rolls that into the history. In the first
  *    step (no history) the scale is 1. Values above the scale's range saturate at +-448.
- * fp8_state, f32: fields of S = 4L + 1 slots each, in the order of enum ng_fp8_field; the
- * history is S rows of NG_FP8_HISTORY, newest first. Eval and sample graphs stay bf16.
+ * fp8_state, f32: the fields of enum ng_fp8_field in order, each for S = 4L + 1 slots (a
+ * descale every 16 bytes: cuBLASLt reads them); the history is S rows of NG_FP8_HISTORY,
+ * newest first. Eval and sample graphs stay bf16.
  */
+/* Which forward matmuls are fp8 (step options .fp8). AUTO: the executor times each kind both
+ * ways at plan time (the E4M3 cast of the input included) and keeps the faster; with
+ * --deterministic, nothing is timed and the kinds whose output is wider than their input
+ * (qkv, fc, head) are fp8. */
+enum ng_fp8_kinds { NG_FP8_QKV = 1, NG_FP8_ATTPROJ = 2, NG_FP8_FC = 4, NG_FP8_FCPROJ = 8,
+		    NG_FP8_HEAD = 16, NG_FP8_ALL = 31, NG_FP8_AUTO = 32 };
+static inline int ng_fp8_bit(enum ng_op_which w)
+{
+	if (w == NG_OP_WHICH_HEAD)
+		return NG_FP8_HEAD;
+	if (w >= NG_OP_WHICH_QKV && w <= NG_OP_WHICH_FCPROJ)
+		return 1 << (int)(w - NG_OP_WHICH_QKV);
+	return 0;
+}
 #define NG_FP8_HISTORY 16
 #define NG_FP8_ACT_MARGIN 1
 enum ng_fp8_field { NG_FP8_ACT_AMAX, NG_FP8_ACT_SCALE, NG_FP8_ACT_DESCALE, NG_FP8_W_AMAX,
 		    NG_FP8_W_SCALE, NG_FP8_W_DESCALE, NG_FP8_HIST };
 static inline int ng_fp8_slots(int L) { return 4 * L + 1; }
-/* First float of a field (NG_FP8_HIST: of the history rows). */
+/* First float of a field (NG_FP8_HIST: of the history rows). Fields start 16-byte aligned; the
+ * two descale fields hold one descale per 16 bytes (NG_FP8_DESCALE_STRIDE, kernels/fp8.h). */
 static inline size_t ng_fp8_field_at(int L, enum ng_fp8_field f)
 {
-	return (size_t)f * (size_t)ng_fp8_slots(L);
+	size_t s4 = ((size_t)ng_fp8_slots(L) + 3) / 4 * 4, at = 0;
+	for (int i = 0; i < (int)f; i++)
+		at += (i == NG_FP8_ACT_DESCALE || i == NG_FP8_W_DESCALE) ? 4 * s4 : s4;
+	return at;
 }
 static inline size_t ng_fp8_state_floats(int L)
 {
@@ -92,7 +111,8 @@ struct ng_step_options {
 	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
 				  * DGELU as the FC-proj dinp matmul's epilogue (BWD) */
 	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
-	int fp8;                 /* 1: E4M3 forward matmuls in the training step (below) */
+	int fp8;                 /* NG_FP8_* bits: which forward matmuls of the training step
+				  * take E4M3 operands (below); 0: none */
 	size_t align;            /* arena alignment in bytes; 0 = 256 */
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };

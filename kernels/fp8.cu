@@ -1,9 +1,9 @@
 /*
  * kernels/fp8.cu — absolute maximum, scale and E4M3 cast (see fp8.h).
  *
- * Memory-bound, one thread per 8 elements (16-byte bf16 loads, 8-byte E4M3 stores) and a scalar
- * tail. amax: a warp maximum, then one atomicMax per warp on the float's bits, which order like
- * the values for non-negative floats (and put NaN above every number), so no order is needed.
+ * Memory-bound: 8 elements per thread per pass (16-byte bf16 loads, 8-byte E4M3 stores), a
+ * scalar tail, and a capped grid striding over the tensor. amax: a block maximum, then one
+ * atomicMax per block (max is order-independent, so the result is deterministic).
  * The conversion is cuda_fp8.h's __nv_cvt_float_to_fp8 (round to nearest even, __NV_SATFINITE).
  */
 #include <cuda_fp8.h>
@@ -14,40 +14,54 @@
 
 #define FP8_THREADS 256
 
-static __device__ __forceinline__ void amax_update_(float *amax, float v, bool nan)
+struct op_max_ { /* fmaxf, for ng_block_reduce_ */
+	__device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* One atomicMax per block (on the float's bits, which order like the values for non-negative
+ * floats; NaN's bits lie above every number's): the same-address atomics of a per-warp update
+ * serialize in L2 and cost more than the cast itself on a 200M-element tensor. fmaxf drops
+ * NaN, so it is tracked on the side. Every thread of the block must reach the call. */
+static __device__ __forceinline__ void amax_commit_(float *amax, float m, bool nan)
 {
-#pragma unroll
-	for (int o = NG_WARP / 2; o > 0; o /= 2)
-		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-	if (nan) /* fmaxf drops NaN, so it is tracked on the side: above every number */
-		atomicMax(reinterpret_cast<unsigned *>(amax), 0x7fc00000u);
-	if ((threadIdx.x & (NG_WARP - 1)) == 0)
-		atomicMax(reinterpret_cast<unsigned *>(amax), __float_as_uint(v));
+	__shared__ float sh[32];
+	m = ng_block_reduce_(m, sh, 0.0f, op_max_());
+	int any_nan = __syncthreads_or(nan);
+	if (threadIdx.x == 0)
+		atomicMax(reinterpret_cast<unsigned *>(amax), any_nan ? 0x7fc00000u : __float_as_uint(m));
 }
 
-/* Segment blockIdx.y: elements [y * seg_n, (y + 1) * seg_n); 8 per thread. */
+static __device__ __forceinline__ void max8_(float &m, bool &nan, const float x[8])
+{
+#pragma unroll
+	for (int k = 0; k < 8; k++) {
+		nan |= x[k] != x[k];
+		m = fmaxf(m, fabsf(x[k]));
+	}
+}
+
+/* Segment blockIdx.y: elements [y * seg_n, (y + 1) * seg_n), 8 per thread per pass, the blocks
+ * of a segment striding over it. */
 static __global__ void fp8_amax_seg(float *amax, const __nv_bfloat16 *in, size_t seg_n)
 {
-	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
 	in += (size_t)blockIdx.y * seg_n;
 	float m = 0.0f;
 	bool nan = false;
-	if (i + 8 <= seg_n) {
-		float x[8];
-		ng_unpack8_(x, ng_load8_stream_(in + i));
-#pragma unroll
-		for (int k = 0; k < 8; k++) {
-			nan |= x[k] != x[k];
-			m = fmaxf(m, fabsf(x[k]));
-		}
-	} else {
-		for (; i < seg_n; i++) {
-			float x = __bfloat162float(in[i]);
-			nan |= x != x;
-			m = fmaxf(m, fabsf(x));
+	size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+	for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < seg_n; i += stride) {
+		if (i + 8 <= seg_n) {
+			float x[8];
+			ng_unpack8_(x, ng_load8_stream_(in + i));
+			max8_(m, nan, x);
+		} else {
+			for (size_t j = i; j < seg_n; j++) {
+				float x = __bfloat162float(in[j]);
+				nan |= x != x;
+				m = fmaxf(m, fabsf(x));
+			}
 		}
 	}
-	amax_update_(amax + blockIdx.y, m, nan);
+	amax_commit_(amax + blockIdx.y, m, nan);
 }
 
 static __device__ __forceinline__ float scale_of_(float a, int margin)
@@ -63,7 +77,7 @@ static __global__ void fp8_scale_seg(float *scale, float *descale, const float *
 		return;
 	float s = scale_of_(amax[k], margin);
 	scale[k] = s;
-	descale[k] = 1.0f / s;
+	descale[NG_FP8_DESCALE_STRIDE * k] = 1.0f / s;
 }
 
 static __global__ void fp8_roll_seg(float *hist, float *amax, float *scale, float *descale,
@@ -84,47 +98,53 @@ static __global__ void fp8_roll_seg(float *hist, float *amax, float *scale, floa
 	m = fmaxf(m, a);
 	float s = nan ? 1.0f : scale_of_(m, margin);
 	scale[k] = s;
-	descale[k] = 1.0f / s;
+	descale[NG_FP8_DESCALE_STRIDE * k] = 1.0f / s;
 	amax[k] = 0.0f;
 }
 
 static __global__ void fp8_cast_e4m3_seg(uint8_t *out, const __nv_bfloat16 *in,
 					 const float *scale, float *amax, size_t seg_n)
 {
-	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
 	size_t base = (size_t)blockIdx.y * seg_n;
 	in += base;
 	out += base;
 	float sc = scale[blockIdx.y];
 	float m = 0.0f;
 	bool nan = false;
-	if (i + 8 <= seg_n) {
-		float x[8];
-		ng_unpack8_(x, ng_load8_stream_(in + i));
-		uint2 v;
-		uint8_t *b = reinterpret_cast<uint8_t *>(&v);
+	size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+	for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < seg_n; i += stride) {
+		if (i + 8 <= seg_n) {
+			float x[8];
+			ng_unpack8_(x, ng_load8_stream_(in + i));
+			uint2 v;
+			uint8_t *b = reinterpret_cast<uint8_t *>(&v);
 #pragma unroll
-		for (int k = 0; k < 8; k++) {
-			b[k] = __nv_cvt_float_to_fp8(x[k] * sc, __NV_SATFINITE, __NV_E4M3);
-			nan |= x[k] != x[k];
-			m = fmaxf(m, fabsf(x[k]));
-		}
-		*reinterpret_cast<uint2 *>(out + i) = v;
-	} else {
-		for (; i < seg_n; i++) {
-			float x = __bfloat162float(in[i]);
-			out[i] = __nv_cvt_float_to_fp8(x * sc, __NV_SATFINITE, __NV_E4M3);
-			nan |= x != x;
-			m = fmaxf(m, fabsf(x));
+			for (int k = 0; k < 8; k++)
+				b[k] = __nv_cvt_float_to_fp8(x[k] * sc, __NV_SATFINITE, __NV_E4M3);
+			*reinterpret_cast<uint2 *>(out + i) = v;
+			max8_(m, nan, x);
+		} else {
+			for (size_t j = i; j < seg_n; j++) {
+				float x = __bfloat162float(in[j]);
+				out[j] = __nv_cvt_float_to_fp8(x * sc, __NV_SATFINITE, __NV_E4M3);
+				nan |= x != x;
+				m = fmaxf(m, fabsf(x));
+			}
 		}
 	}
-	if (amax)
-		amax_update_(amax + blockIdx.y, m, nan);
+	if (amax) /* uniform over the grid: every thread reaches the block reduction or none */
+		amax_commit_(amax + blockIdx.y, m, nan);
 }
 
+/* Blocks per segment: enough for one pass, capped so that the whole grid is ~8 waves of
+ * 132-SM blocks at most (the rest strides), which also caps the atomics at ~1K per launch. */
 static dim3 grid8_(size_t seg_n, int nseg)
 {
-	return dim3((unsigned)(((seg_n + 7) / 8 + FP8_THREADS - 1) / FP8_THREADS), (unsigned)nseg);
+	size_t need = ((seg_n + 7) / 8 + FP8_THREADS - 1) / FP8_THREADS;
+	size_t cap = 1056 / (size_t)nseg;
+	if (cap < 1)
+		cap = 1;
+	return dim3((unsigned)(need < cap ? need : cap), (unsigned)nseg);
 }
 
 static enum ng_status check_(const char *who, size_t seg_n, int nseg, const void *in,

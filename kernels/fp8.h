@@ -24,6 +24,10 @@ extern "C" {
 #endif
 
 #define NG_FP8_E4M3_MAX 448.0f
+/* Descales are what cuBLASLt reads (its A/B scale pointers), and it refuses one that is not
+ * 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200): the segmented forms write
+ * slot k's descale at descale[NG_FP8_DESCALE_STRIDE * k]. */
+#define NG_FP8_DESCALE_STRIDE 4
 
 /* *amax = max(*amax, max |in[i]|). The caller zeroes *amax first; max is order-independent, so
  * the result is deterministic. A NaN input makes *amax NaN. */
@@ -51,7 +55,7 @@ enum ng_status ng_fp8_amax_seg(float *amax,       /* (nseg) fp32, max= */
 			       const ng_bf16 *in, /* (nseg, seg_n) bf16 */
 			       size_t seg_n, int nseg, cudaStream_t s);
 enum ng_status ng_fp8_scale_seg(float *scale,      /* (nseg) fp32, = */
-				float *descale,    /* (nseg) fp32, = */
+				float *descale,    /* (nseg x NG_FP8_DESCALE_STRIDE) fp32, = */
 				const float *amax, /* (nseg) fp32 */
 				int nseg, int margin, cudaStream_t s);
 /* out = E4M3(in * scale[k]) per segment k; when amax is not NULL, also amax[k] = max(amax[k],
@@ -68,7 +72,7 @@ enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out,        /* (nseg, seg_n) E4M3, 
 enum ng_status ng_fp8_roll_scales(float *hist,    /* (nseg, H) fp32, updated */
 				  float *amax,    /* (nseg) fp32, read then zeroed */
 				  float *scale,   /* (nseg) fp32, = */
-				  float *descale, /* (nseg) fp32, = */
+				  float *descale, /* (nseg x NG_FP8_DESCALE_STRIDE) fp32, = */
 				  int nseg, int H, int margin, cudaStream_t s);
 
 #ifdef __cplusplus

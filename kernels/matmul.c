@@ -590,10 +590,12 @@ enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const vo
 				 const float *b_descale, void *workspace, cudaStream_t s)
 {
 	const struct ng_matmul_spec *sp = &mm->spec;
-	if (!sp->fp8 || !a_descale || !b_descale)
+	if (!sp->fp8 || !a_descale || !b_descale || (uintptr_t)a_descale % 16 ||
+	    (uintptr_t)b_descale % 16)
 		return ng_check_arg_fail("ng_matmul_run_fp8", "FWD N=%d IC=%d OC=%d: %s", sp->N, sp->IC,
-					 sp->OC, sp->fp8 ? "both descales must be device pointers"
-							 : "not an fp8 plan (spec.fp8 = 0)");
+					 sp->OC, !sp->fp8 ? "not an fp8 plan (spec.fp8 = 0)"
+					 : "both descales must be 16-byte aligned device pointers "
+					   "(cuBLASLt refuses others)");
 	/* cuBLASLt's A is W (run's b), its B the input (run's a) */
 	if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_descale,
 		      sizeof(b_descale)) ||

@@ -170,7 +170,8 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 
 /* Run an fp8 plan: a = inp (N, IC) E4M3, b = W (OC, IC) E4M3, out = a_descale * b_descale *
  * (a @ b^T) (+ bias) (GELU), bf16. The descales are device floats (kernels/fp8.h), read when
- * the matmul runs, so a captured graph follows their updates. Other pointers as ng_matmul_run. */
+ * the matmul runs, so a captured graph follows their updates; each must be 16-byte aligned
+ * (cuBLASLt answers CUBLAS_STATUS_NOT_SUPPORTED otherwise). Other pointers as ng_matmul_run. */
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
 				 const void *b, const void *bias, void *aux, const float *a_descale,
 				 const float *b_descale, void *workspace, cudaStream_t s);

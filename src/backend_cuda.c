@@ -127,7 +127,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		c->step.recompute_layernorm = strstr(o->recompute, "layernorm") != NULL;
 	}
 	c->step.head_chunk_rows = (int)o->head_chunk;
-	c->step.fp8 = o->fp8;
+	c->step.fp8 = o->fp8 ? NG_FP8_ALL | NG_FP8_AUTO : 0;
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
 }
@@ -166,6 +166,26 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, "gelu fusion: %s (FC-proj backward timed: DGELU epilogue %.3f ms, "
 			"matmul + GELU kernel %.3f ms)\n", ng_step_gelu_fusion_name(g->fuse_gelu),
 			e->dgelu_ms[0], e->dgelu_ms[1]);
+	if (c.step.fp8) {
+		static const char *kind[5] = { "qkv", "attproj", "fc", "fcproj", "head" };
+		fprintf(log, "fp8: forward matmuls in E4M3:");
+		int any = 0;
+		for (int k = 0; k < 5; k++)
+			if (g->fp8 & (1 << k))
+				fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
+		fprintf(log, "%s", any ? "" : " none");
+		if (e->fp8_ms[0][0] >= 0 || e->fp8_ms[4][0] >= 0) {
+			fprintf(log, " (timed bf16 / fp8 ms:");
+			for (int k = 0; k < 5; k++)
+				if (e->fp8_ms[k][0] >= 0)
+					fprintf(log, " %s %.3f/%.3f", kind[k], e->fp8_ms[k][0],
+						e->fp8_ms[k][1]);
+			fprintf(log, ")");
+		} else if (c.deterministic) {
+			fprintf(log, " (--deterministic: not timed)");
+		}
+		fprintf(log, "\n");
+	}
 	if (c.comm)
 		fprintf(log, "data parallel: %d rank(s) through NCCL (%s bootstrap), gradient %s "
 			"inside the captured step%s\n", c.world,

@@ -213,14 +213,15 @@ Test(fp8, segments_amax_scale_cast)
 	void *bi, *bo, *bs;
 	uint16_t *din = dev_(&bi, sizeof(h), 0);
 	uint8_t *dout = dev_(&bo, sizeof(got), 0);
-	float *d = dev_(&bs, 4 * NSEG * sizeof(float), 0); /* amax, scale, descale, amax2 */
+	/* amax, scale, descale (NG_FP8_DESCALE_STRIDE apart), amax2 */
+	float *d = dev_(&bs, 8 * NSEG * sizeof(float), 0);
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, sizeof(h), cudaMemcpyHostToDevice)));
-	cr_assert(!NG_CUDA_CHECK(cudaMemset(d, 0, 4 * NSEG * sizeof(float))));
+	cr_assert(!NG_CUDA_CHECK(cudaMemset(d, 0, 8 * NSEG * sizeof(float))));
 	cr_assert_eq(ng_fp8_amax_seg(d, din, SEG, NSEG, 0), NG_OK, "%s", ng_error_message());
 	cr_assert_eq(ng_fp8_scale_seg(d + NSEG, d + 2 * NSEG, d, NSEG, 0, 0), NG_OK);
-	cr_assert_eq(ng_fp8_cast_e4m3_seg(dout, din, d + NSEG, d + 3 * NSEG, SEG, NSEG, 0), NG_OK,
+	cr_assert_eq(ng_fp8_cast_e4m3_seg(dout, din, d + NSEG, d + 7 * NSEG, SEG, NSEG, 0), NG_OK,
 		     "%s", ng_error_message());
-	float hd[4 * NSEG];
+	float hd[8 * NSEG];
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost)));
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(got, dout, sizeof(got), cudaMemcpyDeviceToHost)));
 	size_t bad = 0;
@@ -228,10 +229,10 @@ Test(fp8, segments_amax_scale_cast)
 		float sc = 448.0f / amax[k];
 		cr_expect_eq(hd[k], amax[k], "seed %llu seg %d: amax gpu %a cpu %a",
 			     (unsigned long long)seed, k, hd[k], amax[k]);
-		cr_expect_eq(hd[3 * NSEG + k], amax[k], "seg %d: the cast's recorded maximum %a", k,
-			     hd[3 * NSEG + k]);
+		cr_expect_eq(hd[7 * NSEG + k], amax[k], "seg %d: the cast's recorded maximum %a", k,
+			     hd[7 * NSEG + k]);
 		cr_expect_eq(hd[NSEG + k], sc, "seg %d: scale %a want %a", k, hd[NSEG + k], sc);
-		cr_expect_eq(hd[2 * NSEG + k], 1.0f / sc);
+		cr_expect_eq(hd[2 * NSEG + NG_FP8_DESCALE_STRIDE * k], 1.0f / sc);
 		for (int i = 0; i < SEG; i++)
 			if (got[k * SEG + i] != e4m3_encode_(bf16_f_(h[k * SEG + i]) * sc))
 				bad++;
@@ -256,17 +257,18 @@ Test(fp8, roll_scales_history)
 	enum { S = 3, H = 4, STEPS = 6 };
 	const float seq[STEPS][S] = { { 0, 1, 2 },  { 3, 0.5f, 2 }, { 1, 0.25f, NAN },
 				      { 1, 0.125f, 1 }, { 1, 4, 1 },  { 0.5f, 0.125f, 1 } };
+	enum { F = S * H + 2 * S + 4 * S }; /* history, amax, scale, descales 16 bytes apart */
 	void *bs;
-	float *d = dev_(&bs, (size_t)(S * H + 3 * S) * sizeof(float), 0);
+	float *d = dev_(&bs, F * sizeof(float), 0);
 	float *hist = d, *amax = d + S * H, *sc = amax + S, *dsc = sc + S;
-	cr_assert(!NG_CUDA_CHECK(cudaMemset(d, 0, (size_t)(S * H + 3 * S) * sizeof(float))));
+	cr_assert(!NG_CUDA_CHECK(cudaMemset(d, 0, F * sizeof(float))));
 	float win[S][H] = { { 0 } };
 	for (int t = 0; t < STEPS; t++) {
 		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(amax, seq[t], sizeof(seq[t]),
 						    cudaMemcpyHostToDevice)));
 		cr_assert_eq(ng_fp8_roll_scales(hist, amax, sc, dsc, S, H, 1, 0), NG_OK, "%s",
 			     ng_error_message());
-		float out[3 * S];
+		float out[6 * S];
 		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(out, amax, sizeof(out),
 						    cudaMemcpyDeviceToHost)));
 		for (int k = 0; k < S; k++) {
@@ -282,7 +284,7 @@ Test(fp8, roll_scales_history)
 			cr_expect_eq(out[k], 0.0f, "step %d slot %d: amax not zeroed", t, k);
 			cr_expect_eq(out[S + k], want, "step %d slot %d: scale %g want %g", t, k,
 				     out[S + k], want);
-			cr_expect_eq(out[2 * S + k], 1.0f / want);
+			cr_expect_eq(out[2 * S + NG_FP8_DESCALE_STRIDE * k], 1.0f / want);
 		}
 	}
 	cudaFree(bs);
@@ -359,14 +361,19 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 	void *bx, *bw, *bb, *bo, *ba, *bs, *bws;
 	void *dx = dev_(&bx, xn, 16), *dw = dev_(&bw, wn, 0), *db = dev_(&bb, (size_t)OC * 2, 0);
 	void *dout = dev_(&bo, on * 2, 0), *daux = dev_(&ba, on * 2, 0);
-	float *ds = dev_(&bs, 8, 0);
+	float *ds = dev_(&bs, 32, 0); /* descales 16 bytes apart: cuBLASLt's alignment for them */
 	void *dws = mm.workspace_need ? dev_(&bws, mm.workspace_need, 0) : (bws = NULL);
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dx, xq, xn, cudaMemcpyHostToDevice)));
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dw, wq, wn, cudaMemcpyHostToDevice)));
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(db, bh, (size_t)OC * 2, cudaMemcpyHostToDevice)));
-	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ds, dsc, 8, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ds, &dsc[0], 4, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ds + 4, &dsc[1], 4, cudaMemcpyHostToDevice)));
 	cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL, gelu ? daux : NULL, ds,
-				       ds + 1, dws, 0), NG_OK, "%s", ng_error_message());
+				       ds + 1, dws, 0), NG_ERR_INPUT, "a descale that is not "
+		     "16-byte aligned must be refused (cuBLASLt: status 15)");
+	ng_clear_error();
+	cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL, gelu ? daux : NULL, ds,
+				       ds + 4, dws, 0), NG_OK, "%s", ng_error_message());
 	cr_assert_eq(ng_matmul_run(&mm, dout, dx, dw, NULL, NULL, NULL, dws, 0), NG_ERR_INPUT,
 		     "an fp8 plan without descales must be refused");
 	ng_clear_error();

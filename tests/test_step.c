@@ -47,7 +47,7 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	o->recompute_layernorm = (int)ng_rng_below(&rng_, 2);
 	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
-	o->fp8 = (int)ng_rng_below(&rng_, 2);
+	o->fp8 = (int)ng_rng_below(&rng_, 33); /* NG_FP8_* bits, 32 = AUTO alone: none */
 	o->head_chunk_rows = ng_rng_below(&rng_, 3) == 0 ? 0
 							  : 1 + (int)ng_rng_below(&rng_, (uint64_t)(*B * *T));
 }
@@ -346,9 +346,10 @@ Test(step, eval_and_sample_graphs, .init = setup_)
 	}
 }
 
-/* --fp8: one FP8_PREP right after the gradient zeroing and before any forward op; every
- * forward matmul of the train graph (L per kind and every head chunk) is fp8 with its E4M3
- * weights and scales as inputs 2 and 3 and room for its E4M3 input in front of its workspace;
+/* --fp8 with a random set of kinds: one FP8_PREP right after the gradient zeroing and before
+ * any forward op; every forward matmul of a chosen kind (L per kind, every head chunk) is fp8,
+ * with its E4M3 weights and scales as inputs 2 and 3 and room for its E4M3 input in front of
+ * its workspace, and the others are not;
  * eval and sample graphs declare the same persistent tensors at the same offsets but stay bf16;
  * without --fp8 none of it exists. */
 Test(step, fp8_graphs, .init = setup_)
@@ -358,7 +359,8 @@ Test(step, fp8_graphs, .init = setup_)
 		struct ng_step_options o;
 		int B, T, K;
 		random_case(&c, &B, &T, &K, &o);
-		o.fp8 = 1;
+		int mask = 1 + (int)ng_rng_below(&rng_, NG_FP8_ALL);
+		o.fp8 = mask | (rep % 2 ? NG_FP8_AUTO : 0); /* AUTO is the executor's business */
 		struct ng_graph tr, ev, sa, plain;
 		cr_assert_eq(ng_step_build_train(&tr, &c, B, T, K, &o), NG_OK, "%s",
 			     ng_error_message());
@@ -378,6 +380,11 @@ Test(step, fp8_graphs, .init = setup_)
 				first_fwd = i;
 			if (op->kind != NG_OP_MATMUL_FWD)
 				continue;
+			if (!(mask & ng_fp8_bit(op->which))) {
+				cr_assert_eq(op->fp8, 0, "%s (mask %d)", op->name, mask);
+				cr_assert_eq(op->n_in, 2, "%s", op->name);
+				continue;
+			}
 			chunks += op->which == NG_OP_WHICH_HEAD;
 			cr_assert_eq(op->fp8, 1, "%s", op->name);
 			cr_assert_eq(op->n_in, 4, "%s", op->name);
@@ -391,9 +398,13 @@ Test(step, fp8_graphs, .init = setup_)
 		}
 		cr_assert(prep >= 0 && prep < first_fwd, "FP8_PREP at %d, first forward op %d", prep,
 			  first_fwd);
-		cr_assert_eq(n_fp8, K * 4 * c.L + chunks);
+		int kinds = 0;
+		for (int w = 0; w < 4; w++)
+			kinds += (mask >> w) & 1;
+		cr_assert_eq(n_fp8, K * kinds * c.L + chunks, "mask %d", mask);
 		cr_assert_eq(chunks % K, 0);
-		cr_assert(tr.fp8 && !ev.fp8 && !sa.fp8);
+		cr_assert_eq(chunks > 0, (mask & NG_FP8_HEAD) != 0);
+		cr_assert(tr.fp8 == mask && !ev.fp8 && !sa.fp8);
 		cr_assert_eq(tr.tensors[tr.t_fp8_state].bytes, ng_fp8_state_floats(c.L) * 4);
 		cr_assert_eq(tr.tensors[tr.t_params_fp8].bytes, tr.lay.total);
 		const struct ng_graph *others[2] = { &ev, &sa };

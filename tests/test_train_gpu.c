@@ -59,7 +59,7 @@ static void step_matches(int fuse, int fp8)
 	struct ng_exec_config c;
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
 	c.step.fuse_gelu = fuse;
-	c.step.fp8 = fp8;
+	c.step.fp8 = fp8 ? NG_FP8_ALL : 0; /* every kind, untimed */
 	/* bounds: bf16 as the file's comment says; fp8 forward matmuls see both operands rounded
 	 * to E4M3 (unit roundoff u8 = 2^-4), a relative error of about sqrt(2/3) u8 = 0.051 per
 	 * matmul output, which the backward carries into every gradient: 4x that for gradients,
@@ -183,7 +183,7 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 	if (major * 10 + minor < 89) {
 		struct ng_exec_config c;
 		tiny_config(&c, 64, 64, 2, 500, 4, 2);
-		c.step.fp8 = 1;
+		c.step.fp8 = NG_FP8_ALL;
 		struct ng_exec e;
 		cr_assert_eq(ng_exec_init(&e, &c), NG_ERR_INPUT);
 		ng_exec_free(&e);
@@ -199,7 +199,7 @@ static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 	struct ng_exec_config c;
 	tiny_config(&c, T, 128, 2, 512, 2, 2);
 	c.deterministic = 1;
-	c.step.fp8 = fp8;
+	c.step.fp8 = fp8 ? NG_FP8_ALL : 0; /* every kind, untimed */
 	c.no_graph = no_graph;
 	c.sched.total = steps;
 	struct ng_exec e;
