@@ -10,7 +10,8 @@
 # RUNS picks the parts (default "test w1_k2 w2 w2_zero1 w0"; also w2_nooverlap: --no-overlap,
 # w2_mpi: the same run launched by mpirun; w2_slurm: srun's environment by hand; w2_resume: 2 GPUs, --deterministic, 40 steps straight
 # against 20 steps + checkpoint + --resume to 40, losses compared bit for bit; w2_resume_zero1: the
-# same with --zero1; w2_signal: SIGTERM to one rank of a ZeRO-1 run, both stop at one step, resume).
+# same with --zero1; w2_signal: SIGTERM to one rank of a ZeRO-1 run, both stop at one step, resume;
+# w2_fp8: 2 GPUs with --fp8 --zero1).
 set -uo pipefail
 steps=${1:-60}
 out=${OUT:-multi-gpu-out}
@@ -54,6 +55,7 @@ two_ranks() { # NAME EXTRA-FLAGS...
 want w2 && two_ranks w2
 want w2_zero1 && two_ranks w2_zero1 --zero1
 want w2_nooverlap && two_ranks w2_nooverlap --no-overlap
+want w2_fp8 && two_ranks w2_fp8 --fp8 --zero1
 
 # throughput baseline: 1 GPU, B=64, plain path
 want w0 && { $ng train "${common[@]}" --metrics "$out/w0.jsonl" >"$out/w0.log" 2>&1 || echo "w0 failed" | tee -a "$out/summary.txt"; }
@@ -145,7 +147,7 @@ def mean_tok(r):
     v = [x["tok_per_s"] for s, x in r.items() if s > 5]
     return sum(v) / len(v) if v else float("nan")
 print("runs: w1_k2 = 1 GPU B=64 K=2 --world 1 | w2 = 2 GPUs B=64 | w2_zero1 = + --zero1 | w0 = 1 GPU B=64 K=1")
-for n in ("w1_k2", "w2", "w2_zero1", "w2_nooverlap", "w2_mpi", "w0"):
+for n in ("w1_k2", "w2", "w2_zero1", "w2_nooverlap", "w2_mpi", "w2_fp8", "w0"):
     r = load(n)
     if not r:
         print(f"{n}: no metrics"); continue
@@ -156,7 +158,7 @@ for n in ("w1_k2", "w2", "w2_zero1", "w2_nooverlap", "w2_mpi", "w0"):
         dn = [abs(r[s]["grad_norm"] - ref[s]["grad_norm"]) / ref[s]["grad_norm"] for s in r if s in ref]
         line += f" | vs w1_k2: mean |dloss| {sum(d)/len(d):.5f} max {max(d):.5f} (last {d[-1]:.5f}), max rel dnorm {max(dn):.4f}"
     print(line)
-for n in ("w2", "w2_nooverlap", "w2_zero1", "w2_mpi"):
+for n in ("w2", "w2_nooverlap", "w2_zero1", "w2_mpi", "w2_fp8"):
     if base and load(n):
         print(f"speedup {n} (2 GPUs, B=64 each) / w0 (1 GPU, B=64): {mean_tok(load(n)) / mean_tok(base):.3f}x")
 PY
