@@ -189,8 +189,9 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 }
 
 /* --fp8 (AUTO): for each kind of forward matmul, at the step's shape, the bf16 matmul against
- * the E4M3 cast of its input plus the fp8 matmul (median of 9 interleaved runs after 2
- * warm-ups, on scratch filled with a constant); a kind stays fp8 only where that is faster.
+ * the fp8 matmul plus the E4M3 cast of its input where the step casts it (attproj, fcproj; a
+ * LayerNorm writes the others' E4M3 input), median of 9 interleaved runs after 2 warm-ups, on
+ * scratch filled with a constant; a kind stays fp8 only where that is faster.
  * The cast costs 3 bytes an input element, so an output narrower than about C = 800 loses what
  * the fp8 rate wins (kernels of GPU.md's rates). Plans stay in e->plans. */
 static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows, int *mask)
@@ -210,6 +211,8 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows,
 		s.N = kinds[k] == NG_OP_WHICH_HEAD ? head_rows : e->cfg.B * e->cfg.T;
 		s.bias = kinds[k] != NG_OP_WHICH_HEAD;
 		s.gelu = kinds[k] == NG_OP_WHICH_FC && fuse_fwd;
+		/* a LayerNorm writes the E4M3 input of these (1 more byte an element): no cast */
+		int ln_fed = kinds[k] != NG_OP_WHICH_ATTPROJ && kinds[k] != NG_OP_WHICH_FCPROJ;
 		int plan[2] = { 0, 0 };
 		st = plan_spec(e, s, &plan[0]);
 		s.fp8 = 1;
@@ -253,7 +256,7 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows,
 				if (!st && v == 0)
 					st = ng_matmul_run(mm, buf + at[4], buf + at[0], buf + at[2], bias,
 							   aux, NULL, wsp, e->stream);
-				if (!st && v == 1)
+				if (!st && v == 1 && !ln_fed)
 					st = ng_fp8_cast_e4m3_seg((uint8_t *)(buf + at[1]),
 								  (const ng_bf16 *)(buf + at[0]), sc,
 								  sc + 1, n_in, 1, e->stream);
@@ -295,8 +298,9 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 	switch (op->kind) {
 	case NG_OP_MATMUL_FWD: case NG_OP_MATMUL_DINP: case NG_OP_MATMUL_DW:
 		return e->plans[plan].mm.workspace_need +
-		       (op->fp8 ? ng_fp8_input_bytes((size_t)op->row_count,
-						     (size_t)e->plans[plan].spec.IC) : 0);
+		       (op->fp8 && op->n_in < 5 ? ng_fp8_input_bytes((size_t)op->row_count,
+								     (size_t)e->plans[plan].spec.IC)
+						 : 0);
 	case NG_OP_ATTENTION_FWD:
 		return ng_attention_fwd_workspace(&e->att);
 	case NG_OP_ATTENTION_BWD:
@@ -347,6 +351,25 @@ static enum ng_status plan_graph(struct ng_exec *e, struct ng_graph *g, int **pl
 
 /* ---- data parallelism (cfg.comm): see exec.h ---- */
 
+/* A LayerNorm that writes the E4M3 input of the next fp8 matmul (graph/step.h "FP8"): that
+ * matmul's slot (LN1 -> qkv, LN2 -> fc, LNF -> head); fp8_state is its last input. */
+static int ln_fp8_slot(const struct ng_graph *g, const struct ng_op *op)
+{
+	enum ng_op_which w = op->which == NG_OP_WHICH_LN1 ? NG_OP_WHICH_QKV
+			     : op->which == NG_OP_WHICH_LN2 ? NG_OP_WHICH_FC : NG_OP_WHICH_HEAD;
+	return ng_fp8_slot(g->cfg.L, w, op->layer);
+}
+
+/* That slot's scale or maximum (NG_FP8_ACT_SCALE / NG_FP8_ACT_AMAX). */
+static float *ln_fp8_field(const struct ng_exec *e, const struct ng_graph *g,
+			   const struct ng_op *op, enum ng_fp8_field f)
+{
+	float *st = ng_exec_tensor_(e, g, op->in[op->n_in - 1]);
+	size_t slot = (size_t)ln_fp8_slot(g, op);
+	return st + ng_fp8_field_at(g->cfg.L, f) +
+	       (f == NG_FP8_ACT_AMAX ? NG_FP8_ACT_AMAX_SUB * slot : slot);
+}
+
 /* --fp8 (graph/step.h "FP8"): roll the activation scales; cast every forward weight matrix with
  * its own current scale. 13 launches whatever the depth: each parameter block's L layers are
  * consecutive segments of one cast. */
@@ -358,8 +381,10 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	float *w_amax = f + ng_fp8_field_at(L, NG_FP8_W_AMAX);
 	float *w_scale = f + ng_fp8_field_at(L, NG_FP8_W_SCALE);
 	static const int ids[5] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW, NG_P_WTE };
+	_Static_assert(NG_FP8_ACT_AMAX_SUB == NG_FP8_AMAX_SUB, "graph/step.h and kernels/fp8.h");
 	enum ng_status st = ng_fp8_roll_scales(f + ng_fp8_field_at(L, NG_FP8_HIST),
 					       f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX),
+					       NG_FP8_ACT_AMAX_SUB,
 					       f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE),
 					       f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE), S,
 					       NG_FP8_HISTORY, NG_FP8_ACT_MARGIN, s);
@@ -397,14 +422,21 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 	const int L = g->cfg.L, slot = ng_fp8_slot(L, op->which, op->layer);
 	if (slot < 0 || op->n_in < 4)
 		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 matmul of the step", op->name);
-	size_t rows = (size_t)op->row_count, ic = (size_t)mm->spec.IC;
+	size_t rows = (size_t)op->row_count, ic = (size_t)mm->spec.IC, front = 0;
 	float *f = ng_exec_tensor_(e, g, op->in[3]);
-	uint8_t *in8 = scratch;
-	enum ng_status st = ng_fp8_cast_e4m3_seg(in8, inp, f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot,
-						 f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + slot,
-						 rows * ic, 1, s);
-	if (st)
-		return st;
+	uint8_t *in8;
+	if (op->n_in >= 5) { /* the LayerNorm before wrote the E4M3 copy */
+		in8 = (uint8_t *)ng_exec_tensor_(e, g, op->in[4]) + (size_t)op->row_start * ic;
+	} else {
+		in8 = scratch;
+		front = ng_fp8_input_bytes(rows, ic);
+		enum ng_status st = ng_fp8_cast_e4m3_seg(
+			in8, inp, f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot,
+			f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + (size_t)NG_FP8_ACT_AMAX_SUB * slot,
+			rows * ic, 1, s);
+		if (st)
+			return st;
+	}
 	int pb = op->in[1];
 	return ng_matmul_run_fp8(mm, ng_exec_tensor_(e, g, op->out[0]), in8,
 				 pp(e, g, op->in[2], op->param[0], op->layer),
@@ -412,7 +444,7 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 				 op->gelu ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
 				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
 				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
-				 (char *)scratch + ng_fp8_input_bytes(rows, ic), s);
+				 (char *)scratch + front, s);
 }
 
 /* Enqueue one op on e->stream. */
@@ -467,6 +499,15 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 				      pp(e, g, op->in[1], NG_P_WPE, -1), B, T, C, s);
 	case NG_OP_LAYERNORM_FWD: {
 		int pb = op->in[1];
+		if (op->fp8)
+			return ng_layernorm_fwd_fp8(ng_exec_tensor_(e, g, op->out[0]),
+						    ng_exec_tensor_(e, g, op->out[3]),
+						    ln_fp8_field(e, g, op, NG_FP8_ACT_SCALE), ln_fp8_field(e, g, op, NG_FP8_ACT_AMAX),
+						    ng_exec_tensor_(e, g, op->out[1]),
+						    ng_exec_tensor_(e, g, op->out[2]),
+						    ng_exec_tensor_(e, g, op->in[0]),
+						    pp(e, g, pb, op->param[0], op->layer),
+						    pp(e, g, pb, op->param[1], op->layer), N, C, s);
 		return ng_layernorm_fwd(ng_exec_tensor_(e, g, op->out[0]),
 					op->recompute ? NULL : ng_exec_tensor_(e, g, op->out[1]),
 					op->recompute ? NULL : ng_exec_tensor_(e, g, op->out[2]), ng_exec_tensor_(e, g, op->in[0]),
@@ -475,6 +516,15 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 	}
 	case NG_OP_RESIDUAL_LAYERNORM_FWD: {
 		int pb = op->in[2];
+		if (op->fp8)
+			return ng_residual_layernorm_fwd_fp8(
+				ng_exec_tensor_(e, g, op->out[0]), ng_exec_tensor_(e, g, op->out[1]),
+				ng_exec_tensor_(e, g, op->out[4]),
+				ln_fp8_field(e, g, op, NG_FP8_ACT_SCALE),
+				ln_fp8_field(e, g, op, NG_FP8_ACT_AMAX), ng_exec_tensor_(e, g, op->out[2]),
+				ng_exec_tensor_(e, g, op->out[3]), ng_exec_tensor_(e, g, op->in[0]),
+				ng_exec_tensor_(e, g, op->in[1]), pp(e, g, pb, op->param[0], op->layer),
+				pp(e, g, pb, op->param[1], op->layer), N, C, s);
 		return ng_residual_layernorm_fwd(ng_exec_tensor_(e, g, op->out[0]), ng_exec_tensor_(e, g, op->out[1]),
 						 ng_exec_tensor_(e, g, op->out[2]), ng_exec_tensor_(e, g, op->out[3]),
 						 ng_exec_tensor_(e, g, op->in[0]), ng_exec_tensor_(e, g, op->in[1]),

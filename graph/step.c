@@ -92,6 +92,7 @@ struct fwd_out {
 	struct layer_acts *la;    /* L entries */
 	int resid_final;          /* the last block's output residual (LNF input) */
 	int lnf, meanf, rstdf;
+	int lnf8;                 /* --fp8 head: LNF's E4M3 copy (u8), else -1 */
 };
 
 static int act(struct bld *b, const char *name, enum ng_dtype dt, int ndim, size_t s0, size_t s1,
@@ -178,8 +179,9 @@ static int emit_p(struct bld *b, struct ng_op op, size_t ws_bytes)
 }
 
 /* --fp8 train graphs: make a forward matmul an fp8 one (its E4M3 weights and scales as inputs
- * 2 and 3) and return the bytes its scratch needs in front for the E4M3 input; 0 otherwise. */
-static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic)
+ * 2 and 3, the E4M3 copy of its input as input 4 when a LayerNorm wrote one: inp8 >= 0) and
+ * return the bytes its scratch needs in front for casting the input itself; 0 otherwise. */
+static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic, int inp8)
 {
 	struct ng_graph *g = b->g;
 	if (!(g->fp8 & ng_fp8_bit(op->which)))
@@ -187,11 +189,32 @@ static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic)
 	op->fp8 = 1;
 	op->in[op->n_in++] = g->t_params_fp8;
 	op->in[op->n_in++] = g->t_fp8_state;
+	if (inp8 >= 0) {
+		op->in[op->n_in++] = inp8;
+		return 0;
+	}
 	return ng_fp8_input_bytes((size_t)op->row_count, ic);
 }
 
+/* --fp8: when `consumer` is an fp8 matmul, the LayerNorm op writes its E4M3 input too: a u8
+ * tensor "<name>" as its last output, fp8_state as its last input. Returns it, or -1. */
+static int ln_fp8_out(struct bld *b, struct ng_op *op, enum ng_op_which consumer, int l,
+		      const char *name)
+{
+	struct ng_graph *g = b->g;
+	if (!(g->fp8 & ng_fp8_bit(consumer)))
+		return -1;
+	int t = l >= 0 ? lact(b, l, name, NG_DTYPE_U8, 2, b->N, b->C, 1)
+		       : act(b, name, NG_DTYPE_U8, 2, b->N, b->C, 1);
+	op->fp8 = 1;
+	op->out[op->n_out++] = t;
+	op->in[op->n_in++] = g->t_fp8_state;
+	return t;
+}
+
 /* A full-rows matmul forward: out = inp @ W^T + b (with the GELU epilogue when aux >= 0). */
-static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int out, int aux)
+static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int out, int aux,
+		       int inp8)
 {
 	struct ng_graph *g = b->g;
 	struct ng_op op = aux >= 0 ? mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16),
@@ -199,7 +222,7 @@ static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int ou
 				   : mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16), OUT(out));
 	op.gelu = aux >= 0;
 	op.row_count = (int)b->N;
-	size_t in8 = fp8_in(b, &op, w == NG_OP_WHICH_FCPROJ ? 4 * b->C : b->C);
+	size_t in8 = fp8_in(b, &op, w == NG_OP_WHICH_FCPROJ ? 4 * b->C : b->C, inp8);
 	emit_p(b, op, b->ws.matmul + in8);
 }
 
@@ -246,15 +269,16 @@ static void build_forward(struct bld *b, struct fwd_out *f, int sample)
 				IN(prev_resid1, prev_fcproj, g->t_params_bf16),
 				OUT(a->resid_in, a->ln1, a->mean1, a->rstd1));
 		}
+		int ln1_8 = ln_fp8_out(b, &op, NG_OP_WHICH_QKV, l, "ln1.e4m3");
 		emit_p(b, op, 0);
 		a->qkv = lact(b, l, "qkv", NG_DTYPE_BF16, 3, B, T, 3 * C);
-		matmul_fwd(b, NG_OP_WHICH_QKV, l, a->ln1, a->qkv, -1);
+		matmul_fwd(b, NG_OP_WHICH_QKV, l, a->ln1, a->qkv, -1, ln1_8);
 		a->atty = lact(b, l, "atty", NG_DTYPE_BF16, 3, B, T, C);
 		a->lse = lact(b, l, "lse", NG_DTYPE_F32, 3, B, H, T);
 		op = mk(NG_OP_ATTENTION_FWD, NG_OP_WHICH_NONE, l, IN(a->qkv), OUT(a->atty, a->lse));
 		emit(b, &op, b->ws.attn_fwd);
 		int attproj = lact(b, l, "attproj", NG_DTYPE_BF16, 3, B, T, C);
-		matmul_fwd(b, NG_OP_WHICH_ATTPROJ, l, a->atty, attproj, -1);
+		matmul_fwd(b, NG_OP_WHICH_ATTPROJ, l, a->atty, attproj, -1, -1);
 		a->resid1 = lact(b, l, "resid1", NG_DTYPE_BF16, 3, B, T, C);
 		a->ln2 = lact(b, l, "ln2", NG_DTYPE_BF16, 3, B, T, C);
 		a->mean2 = lact(b, l, "ln2.mean", NG_DTYPE_F32, 1, N, 1, 1);
@@ -262,18 +286,19 @@ static void build_forward(struct bld *b, struct fwd_out *f, int sample)
 		op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LN2, l,
 			IN(a->resid_in, attproj, g->t_params_bf16),
 			OUT(a->resid1, a->ln2, a->mean2, a->rstd2));
+		int ln2_8 = ln_fp8_out(b, &op, NG_OP_WHICH_FC, l, "ln2.e4m3");
 		emit_p(b, op, 0);
 		a->fch = lact(b, l, "fch", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		a->fch_gelu = lact(b, l, "fch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		if (g->fuse_gelu & NG_GELU_FUSE_FWD) {
-			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch_gelu, a->fch);
+			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch_gelu, a->fch, ln2_8);
 		} else {
-			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch, -1);
+			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch, -1, ln2_8);
 			op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch), OUT(a->fch_gelu));
 			emit(b, &op, 0);
 		}
 		a->fcproj = lact(b, l, "fcproj", NG_DTYPE_BF16, 3, B, T, C);
-		matmul_fwd(b, NG_OP_WHICH_FCPROJ, l, a->fch_gelu, a->fcproj, -1);
+		matmul_fwd(b, NG_OP_WHICH_FCPROJ, l, a->fch_gelu, a->fcproj, -1, -1);
 		prev_resid1 = a->resid1;
 		prev_fcproj = a->fcproj;
 	}
@@ -284,6 +309,7 @@ static void build_forward(struct bld *b, struct fwd_out *f, int sample)
 	op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LNF, -1,
 		IN(prev_resid1, prev_fcproj, g->t_params_bf16),
 		OUT(f->resid_final, f->lnf, f->meanf, f->rstdf));
+	f->lnf8 = ln_fp8_out(b, &op, NG_OP_WHICH_HEAD, -1, "lnf.e4m3");
 	emit_p(b, op, 0);
 }
 
@@ -305,7 +331,7 @@ static void build_classifier(struct bld *b, const struct fwd_out *f, int dlnf, i
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
-		size_t in8 = fp8_in(b, &op, b->C);
+		size_t in8 = fp8_in(b, &op, b->C, f->lnf8);
 		emit_p(b, op, b->ws.matmul + in8);
 		if (dlnf < 0) {
 			op = mk(NG_OP_CROSSENTROPY, NG_OP_WHICH_NONE, -1, IN(logits, f->targets),

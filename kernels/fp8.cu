@@ -42,12 +42,14 @@ static __device__ __forceinline__ void max8_(float &m, bool &nan, const float x[
 
 /* Segment blockIdx.y: elements [y * seg_n, (y + 1) * seg_n), 8 per thread per pass, the blocks
  * of a segment striding over it. */
-static __global__ void fp8_amax_seg(float *amax, const __nv_bfloat16 *in, size_t seg_n)
+static __global__ void fp8_amax_seg(float *__restrict__ amax, const __nv_bfloat16 *__restrict__ in,
+				    size_t seg_n)
 {
 	in += (size_t)blockIdx.y * seg_n;
 	float m = 0.0f;
 	bool nan = false;
 	size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+#pragma unroll 4 /* restrict: the loads of 4 passes may be issued before their stores */
 	for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < seg_n; i += stride) {
 		if (i + 8 <= seg_n) {
 			float x[8];
@@ -80,15 +82,23 @@ static __global__ void fp8_scale_seg(float *scale, float *descale, const float *
 	descale[NG_FP8_DESCALE_STRIDE * k] = 1.0f / s;
 }
 
-static __global__ void fp8_roll_seg(float *hist, float *amax, float *scale, float *descale,
-				    int nseg, int H, int margin)
+static __global__ void fp8_roll_seg(float *hist, float *amax, int sub, float *scale,
+				    float *descale, int nseg, int H, int margin)
 {
 	int k = blockIdx.x * blockDim.x + threadIdx.x;
 	if (k >= nseg)
 		return;
 	float *h = hist + (size_t)k * H;
-	float a = amax[k], m = 0.0f;
-	bool nan = a != a; /* a NaN in the window keeps scale 1 until it leaves */
+	float a = 0.0f, m = 0.0f;
+	bool nan = false; /* a NaN in the window keeps scale 1 until it leaves */
+	for (int j = 0; j < sub; j++) {
+		float v = amax[(size_t)k * sub + j];
+		nan |= v != v;
+		a = fmaxf(a, v);
+		amax[(size_t)k * sub + j] = 0.0f;
+	}
+	if (nan)
+		a = __int_as_float(0x7fc00000);
 	for (int j = H - 1; j > 0; j--) {
 		h[j] = h[j - 1];
 		nan |= h[j] != h[j];
@@ -99,11 +109,12 @@ static __global__ void fp8_roll_seg(float *hist, float *amax, float *scale, floa
 	float s = nan ? 1.0f : scale_of_(m, margin);
 	scale[k] = s;
 	descale[NG_FP8_DESCALE_STRIDE * k] = 1.0f / s;
-	amax[k] = 0.0f;
 }
 
-static __global__ void fp8_cast_e4m3_seg(uint8_t *out, const __nv_bfloat16 *in,
-					 const float *scale, float *amax, size_t seg_n)
+static __global__ void fp8_cast_e4m3_seg(uint8_t *__restrict__ out,
+					 const __nv_bfloat16 *__restrict__ in,
+					 const float *__restrict__ scale, float *__restrict__ amax,
+					 size_t seg_n)
 {
 	size_t base = (size_t)blockIdx.y * seg_n;
 	in += base;
@@ -112,6 +123,7 @@ static __global__ void fp8_cast_e4m3_seg(uint8_t *out, const __nv_bfloat16 *in,
 	float m = 0.0f;
 	bool nan = false;
 	size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+#pragma unroll 4 /* restrict: the loads of 4 passes may be issued before their stores */
 	for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < seg_n; i += stride) {
 		if (i + 8 <= seg_n) {
 			float x[8];
@@ -198,16 +210,16 @@ extern "C" enum ng_status ng_fp8_scale_from_amax(float *scale, float *descale, c
 	return ng_fp8_scale_seg(scale, descale, amax, 1, margin, s);
 }
 
-extern "C" enum ng_status ng_fp8_roll_scales(float *hist, float *amax, float *scale,
+extern "C" enum ng_status ng_fp8_roll_scales(float *hist, float *amax, int sub, float *scale,
 					     float *descale, int nseg, int H, int margin,
 					     cudaStream_t s)
 {
 	if (!hist || !amax || !scale || !descale || nseg < 1 || H < 1 || H > 1024 || margin < 0 ||
-	    margin > 16)
+	    margin > 16 || sub < 1 || sub > 1024)
 		return ng_check_arg_fail("ng_fp8_roll_scales", "need device pointers, segments, a "
 					 "history of 1..1024 and a margin in 0..16, got %d segments, "
 					 "history %d, margin %d", nseg, H, margin);
-	fp8_roll_seg<<<(nseg + 127) / 128, 128, 0, s>>>(hist, amax, scale, descale, nseg, H,
+	fp8_roll_seg<<<(nseg + 127) / 128, 128, 0, s>>>(hist, amax, sub, scale, descale, nseg, H,
 							  margin);
 	return NG_LAUNCH_CHECK("fp8_roll_seg");
 }

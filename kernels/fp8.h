@@ -28,6 +28,10 @@ extern "C" {
  * 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200): the segmented forms write
  * slot k's descale at descale[NG_FP8_DESCALE_STRIDE * k]. */
 #define NG_FP8_DESCALE_STRIDE 4
+/* An activation's maximum is NG_FP8_AMAX_SUB floats, max= by writers that spread their
+ * atomics over them (a LayerNorm with an E4M3 output does one per row); its value is the
+ * largest of them (ng_fp8_roll_scales). */
+#define NG_FP8_AMAX_SUB 32
 
 /* *amax = max(*amax, max |in[i]|). The caller zeroes *amax first; max is order-independent, so
  * the result is deterministic. A NaN input makes *amax NaN. */
@@ -66,11 +70,13 @@ enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out,        /* (nseg, seg_n) E4M3, 
 				    float *amax,         /* (nseg) fp32, max=, or NULL */
 				    size_t seg_n, int nseg, cudaStream_t s);
 
-/* Delayed scaling, once per step for each of nseg slots: push amax[k] into the slot's history
- * of the last H maxima (hist row k, newest first), scale[k] / descale[k] from the largest of
- * them as ng_fp8_scale_from_amax does, and amax[k] = 0 for the step to come. */
+/* Delayed scaling, once per step for each of nseg slots: push the slot's maximum (the largest
+ * of amax[k * sub .. k * sub + sub)) into its history of the last H maxima (hist row k, newest
+ * first), scale[k] / descale[k] from the largest of them as ng_fp8_scale_from_amax does, and
+ * zero the slot's amax floats for the step to come. */
 enum ng_status ng_fp8_roll_scales(float *hist,    /* (nseg, H) fp32, updated */
-				  float *amax,    /* (nseg) fp32, read then zeroed */
+				  float *amax,    /* (nseg, sub) fp32, read then zeroed */
+				  int sub,        /* 1 or NG_FP8_AMAX_SUB */
 				  float *scale,   /* (nseg) fp32, = */
 				  float *descale, /* (nseg x NG_FP8_DESCALE_STRIDE) fp32, = */
 				  int nseg, int H, int margin, cudaStream_t s);

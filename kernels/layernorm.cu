@@ -22,7 +22,10 @@
  * Formulas: dxhat = dout * w; dinp = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
  * References: llm.c layernorm_forward/backward; Ba et al. 2016 "Layer Normalization".
  */
+#include <cuda_fp8.h>
+
 #include "kernels/common.cuh"
+#include "kernels/fp8.h"
 
 #include "kernels/layernorm.h"
 
@@ -48,7 +51,8 @@ static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *resid, __nv_bfl
 						  float *mean, float *rstd,
 						  const __nv_bfloat16 *a, const __nv_bfloat16 *b,
 						  const __nv_bfloat16 *w, const __nv_bfloat16 *bias,
-						  int N, int C)
+						  int N, int C, uint8_t *out8, const float *scale8,
+						  float *amax8)
 {
 	int warp = threadIdx.x / NG_WARP, lane = threadIdx.x % NG_WARP;
 	int row = blockIdx.x * LN_FWD_WARPS + warp;
@@ -103,6 +107,8 @@ static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *resid, __nv_bfl
 			}
 		}
 	float rs = rsqrtf(ng_warp_sum_(var) / C + LN_EPS);
+	float sc8 = out8 ? *scale8 : 0.0f, m8 = 0.0f;
+	bool nan8 = false;
 #pragma unroll
 	for (int j = 0; j < NCH; j++) {
 		int c = lane * 8 + j * NG_WARP * 8;
@@ -115,7 +121,27 @@ static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *resid, __nv_bfl
 #pragma unroll
 		for (int k = 0; k < 8; k++)
 			o[k] = (x[k] - m) * rs * wv[k] + bv[k];
-		ng_store8_(out + off + c, ng_pack8_(o));
+		struct ng_bf16x8 ob = ng_pack8_(o);
+		ng_store8_(out + off + c, ob);
+		if (out8) { /* the E4M3 copy of the rounded output, as a cast of `out` would make */
+			ng_unpack8_(o, ob);
+			uint2 v;
+			uint8_t *q = reinterpret_cast<uint8_t *>(&v);
+#pragma unroll
+			for (int k = 0; k < 8; k++) {
+				q[k] = __nv_cvt_float_to_fp8(o[k] * sc8, __NV_SATFINITE, __NV_E4M3);
+				nan8 |= o[k] != o[k];
+				m8 = fmaxf(m8, fabsf(o[k]));
+			}
+			*reinterpret_cast<uint2 *>(out8 + off + c) = v;
+		}
+	}
+	if (out8) { /* one atomic per row, spread over NG_FP8_AMAX_SUB addresses */
+		m8 = ng_warp_max_(m8);
+		nan8 = __any_sync(0xffffffffu, nan8);
+		if (lane == 0)
+			atomicMax(reinterpret_cast<unsigned *>(amax8 + row % NG_FP8_AMAX_SUB),
+				  nan8 ? 0x7fc00000u : __float_as_uint(m8));
 	}
 	if (lane == 0) {
 		if (mean)
@@ -454,6 +480,9 @@ struct ln_args {
 	const __nv_bfloat16 *a, *b, *w, *bias, *dout; /* inputs (bf16) */
 	const float *cmean, *crstd;                   /* the forward's statistics (backward) */
 	int N, C;                                     /* rows, channels */
+	uint8_t *out8;                                /* forward: E4M3 copy of out, or NULL */
+	const float *scale8;                          /* its scale (1) */
+	float *amax8;                                 /* its maximum (NG_FP8_AMAX_SUB), max= */
 };
 
 /* KIND 0: forward, 1: residual forward, 2: backward partials. */
@@ -473,7 +502,8 @@ static enum ng_status ln_launch_nch(const struct ln_args *x, cudaStream_t s)
 	}
 	unsigned grid = (unsigned)((x->N + LN_FWD_WARPS - 1) / LN_FWD_WARPS);
 	layernorm_fwd_warp_per_row<NCH, KIND == 1><<<grid, LN_FWD_WARPS * NG_WARP, 0, s>>>(
-		x->resid, x->out, x->mean, x->rstd, x->a, x->b, x->w, x->bias, x->N, x->C);
+		x->resid, x->out, x->mean, x->rstd, x->a, x->b, x->w, x->bias, x->N, x->C, x->out8,
+		x->scale8, x->amax8);
 	return NG_LAUNCH_CHECK("layernorm_fwd_warp_per_row");
 }
 
@@ -523,11 +553,23 @@ static enum ng_status ln_launch_bwd(const struct ln_args *x, cudaStream_t s)
 	return ln_launch_bwd_staged_t<512>(x, s);
 }
 
-extern "C" enum ng_status ng_layernorm_fwd(ng_bf16 *out, float *mean, float *rstd,
-					   const ng_bf16 *inp, const ng_bf16 *w, const ng_bf16 *b,
-					   int N, int C, cudaStream_t s)
+static enum ng_status check_fp8(const char *who, const uint8_t *out8, const float *scale8,
+				const float *amax8)
+{
+	if (out8 && ((uintptr_t)out8 % 8 || !scale8 || !amax8))
+		return ng_check_arg_fail(who, "the E4M3 output (%p) must be 8-byte aligned, with a "
+					 "scale and maxima", (const void *)out8);
+	return NG_OK;
+}
+
+extern "C" enum ng_status ng_layernorm_fwd_fp8(ng_bf16 *out, uint8_t *out8, const float *scale8,
+					       float *amax8, float *mean, float *rstd,
+					       const ng_bf16 *inp, const ng_bf16 *w,
+					       const ng_bf16 *b, int N, int C, cudaStream_t s)
 {
 	enum ng_status st = check_args("ng_layernorm_fwd", N, C, out, inp, w, b, out, inp);
+	if (!st)
+		st = check_fp8("ng_layernorm_fwd", out8, scale8, amax8);
 	if (st)
 		return st;
 	struct ln_args x = {};
@@ -539,17 +581,30 @@ extern "C" enum ng_status ng_layernorm_fwd(ng_bf16 *out, float *mean, float *rst
 	x.bias = (const __nv_bfloat16 *)b;
 	x.N = N;
 	x.C = C;
+	x.out8 = out8;
+	x.scale8 = scale8;
+	x.amax8 = amax8;
 	return ln_launch<0>(&x, s);
 }
 
-extern "C" enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid, ng_bf16 *out, float *mean,
-						    float *rstd, const ng_bf16 *a,
-						    const ng_bf16 *b, const ng_bf16 *w,
-						    const ng_bf16 *bias, int N, int C,
-						    cudaStream_t s)
+extern "C" enum ng_status ng_layernorm_fwd(ng_bf16 *out, float *mean, float *rstd,
+					   const ng_bf16 *inp, const ng_bf16 *w, const ng_bf16 *b,
+					   int N, int C, cudaStream_t s)
+{
+	return ng_layernorm_fwd_fp8(out, NULL, NULL, NULL, mean, rstd, inp, w, b, N, C, s);
+}
+
+extern "C" enum ng_status ng_residual_layernorm_fwd_fp8(ng_bf16 *resid, ng_bf16 *out,
+							uint8_t *out8, const float *scale8,
+							float *amax8, float *mean, float *rstd,
+							const ng_bf16 *a, const ng_bf16 *b,
+							const ng_bf16 *w, const ng_bf16 *bias,
+							int N, int C, cudaStream_t s)
 {
 	enum ng_status st =
 		check_args("ng_residual_layernorm_fwd", N, C, resid, out, a, b, w, bias);
+	if (!st)
+		st = check_fp8("ng_residual_layernorm_fwd", out8, scale8, amax8);
 	if (st)
 		return st;
 	struct ln_args x = {};
@@ -563,7 +618,20 @@ extern "C" enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid, ng_bf16 *out
 	x.bias = (const __nv_bfloat16 *)bias;
 	x.N = N;
 	x.C = C;
+	x.out8 = out8;
+	x.scale8 = scale8;
+	x.amax8 = amax8;
 	return ln_launch<1>(&x, s);
+}
+
+extern "C" enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid, ng_bf16 *out, float *mean,
+						    float *rstd, const ng_bf16 *a,
+						    const ng_bf16 *b, const ng_bf16 *w,
+						    const ng_bf16 *bias, int N, int C,
+						    cudaStream_t s)
+{
+	return ng_residual_layernorm_fwd_fp8(resid, out, NULL, NULL, NULL, mean, rstd, a, b, w,
+					     bias, N, C, s);
 }
 
 extern "C" enum ng_status ng_layernorm_bwd(ng_bf16 *dinp, float *dw, float *db,

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/types.h"
 #include "util/status.h"
@@ -37,6 +38,21 @@ enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid,      /* (N, C) bf16, = 
 					 const ng_bf16 *w,    /* (C) bf16 */
 					 const ng_bf16 *bias, /* (C) bf16 */
 					 int N, int C, cudaStream_t s);
+
+/* The two forwards with an E4M3 copy of `out` for an fp8 matmul (kernels/fp8.h): out8 =
+ * E4M3(bf16 out * *scale8), byte for byte what ng_fp8_cast_e4m3 of `out` gives, and the
+ * maximum |out| max= into amax8[row % NG_FP8_AMAX_SUB] (one atomic per row, spread over the
+ * NG_FP8_AMAX_SUB floats: the slot's maximum is theirs). out8 8-byte aligned; out8 NULL is
+ * the plain forward. */
+enum ng_status ng_layernorm_fwd_fp8(ng_bf16 *out, uint8_t *out8, const float *scale8,
+				    float *amax8, float *mean, float *rstd, const ng_bf16 *inp,
+				    const ng_bf16 *w, const ng_bf16 *b, int N, int C,
+				    cudaStream_t s);
+enum ng_status ng_residual_layernorm_fwd_fp8(ng_bf16 *resid, ng_bf16 *out, uint8_t *out8,
+					     const float *scale8, float *amax8, float *mean,
+					     float *rstd, const ng_bf16 *a, const ng_bf16 *b,
+					     const ng_bf16 *w, const ng_bf16 *bias, int N, int C,
+					     cudaStream_t s);
 
 /* dinp += d(loss)/d(inp); dw += sum_rows dout * xhat; db += sum_rows dout. Deterministic:
  * fixed-order per-block partials in scratch (ng_layernorm_bwd_scratch_bytes(N, C) bytes,

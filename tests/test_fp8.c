@@ -247,9 +247,10 @@ Test(fp8, segments_amax_scale_cast)
 	cudaFree(bs);
 }
 
-/* Delayed scaling: three slots, history 4, margin 1, over 6 steps of maxima (one NaN): after
- * each roll the scale is 448 / (2 x the largest of the last 4 maxima), amax is zeroed; a NaN in
- * the window keeps scale 1. Against the same rule on the host. */
+/* Delayed scaling: three slots of two amax floats each (a step's maximum lands in one of them),
+ * history 4, margin 1, over 6 steps of maxima (one NaN): after each roll the scale is 448 / (2 x
+ * the largest of the last 4 maxima) and both amax floats are zeroed; a NaN in the window keeps
+ * scale 1. Against the same rule on the host. */
 Test(fp8, roll_scales_history)
 {
 	if (ng_cuda_device_count() == 0)
@@ -257,20 +258,25 @@ Test(fp8, roll_scales_history)
 	enum { S = 3, H = 4, STEPS = 6 };
 	const float seq[STEPS][S] = { { 0, 1, 2 },  { 3, 0.5f, 2 }, { 1, 0.25f, NAN },
 				      { 1, 0.125f, 1 }, { 1, 4, 1 },  { 0.5f, 0.125f, 1 } };
-	enum { F = S * H + 2 * S + 4 * S }; /* history, amax, scale, descales 16 bytes apart */
+	enum { SUB = 2 }; /* each slot's maximum in two floats, written one step each */
+	/* history, amax (SUB per slot), scale, descales 16 bytes apart */
+	enum { F = S * H + SUB * S + S + 4 * S };
 	void *bs;
 	float *d = dev_(&bs, F * sizeof(float), 0);
-	float *hist = d, *amax = d + S * H, *sc = amax + S, *dsc = sc + S;
+	float *hist = d, *amax = d + S * H, *sc = amax + SUB * S, *dsc = sc + S;
 	cr_assert(!NG_CUDA_CHECK(cudaMemset(d, 0, F * sizeof(float))));
 	float win[S][H] = { { 0 } };
 	for (int t = 0; t < STEPS; t++) {
-		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(amax, seq[t], sizeof(seq[t]),
-						    cudaMemcpyHostToDevice)));
-		cr_assert_eq(ng_fp8_roll_scales(hist, amax, sc, dsc, S, H, 1, 0), NG_OK, "%s",
+		float a2[SUB * S] = { 0 };
+		for (int k = 0; k < S; k++)
+			a2[k * SUB + t % SUB] = seq[t][k];
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(amax, a2, sizeof(a2), cudaMemcpyHostToDevice)));
+		cr_assert_eq(ng_fp8_roll_scales(hist, amax, SUB, sc, dsc, S, H, 1, 0), NG_OK, "%s",
 			     ng_error_message());
-		float out[6 * S];
+		float out[SUB * S + 5 * S];
 		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(out, amax, sizeof(out),
 						    cudaMemcpyDeviceToHost)));
+		const float *osc = out + SUB * S, *odsc = osc + S;
 		for (int k = 0; k < S; k++) {
 			memmove(&win[k][1], &win[k][0], (H - 1) * sizeof(float));
 			win[k][0] = seq[t][k];
@@ -281,10 +287,11 @@ Test(fp8, roll_scales_history)
 				m = fmaxf(m, win[k][j]);
 			}
 			float want = (!nan && m > 0) ? 448.0f / (2.0f * m) : 1.0f;
-			cr_expect_eq(out[k], 0.0f, "step %d slot %d: amax not zeroed", t, k);
-			cr_expect_eq(out[S + k], want, "step %d slot %d: scale %g want %g", t, k,
-				     out[S + k], want);
-			cr_expect_eq(out[2 * S + NG_FP8_DESCALE_STRIDE * k], 1.0f / want);
+			cr_expect(out[k * SUB] == 0.0f && out[k * SUB + 1] == 0.0f,
+				  "step %d slot %d: amax not zeroed", t, k);
+			cr_expect_eq(osc[k], want, "step %d slot %d: scale %g want %g", t, k,
+				     osc[k], want);
+			cr_expect_eq(odsc[NG_FP8_DESCALE_STRIDE * k], 1.0f / want);
 		}
 	}
 	cudaFree(bs);

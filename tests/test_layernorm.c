@@ -4,13 +4,66 @@
  * bf16 outputs: the rounded reference, 2 ulp + a small atol (cancellation in w*xhat + b).
  * mean/rstd (fp32): NMSE <= 1e-7. dw/db (reductions): the FlashAttention rule against a naive
  * fp32 row loop. Backward bytes identical over two runs. Shapes: N = 3 (T = 1), C = 776,
- * C = 1600 with mean 100 (large-mean inputs), C = 768.
+ * C = 1600 with mean 100 (large-mean inputs), C = 768. The E4M3 copy of the forwards: the
+ * bytes of a cast of the bf16 output, and its maximum.
  */
 #include <criterion/criterion.h>
 
 #include "graph/cpu_ops.h"
+#include "kernels/fp8.h"
 #include "kernels/layernorm.h"
 #include "tests/kernel_testing.h"
+
+/* The forward with an E4M3 copy (for an fp8 matmul): the same bf16 output byte for byte, the
+ * copy byte for byte what ng_fp8_cast_e4m3 makes of that output with the same scale (one large
+ * enough that the widest values saturate), and the NG_FP8_AMAX_SUB maxima whose largest is
+ * max |out|. */
+static void ln_fwd_fp8_same_(int N, int C, int resid, const ng_bf16 *out, const void *d_out,
+			     const void *d_a, const void *d_b, const void *d_w, const void *d_bias)
+{
+	size_t n = (size_t)N * C;
+	float ymax = 0;
+	for (size_t i = 0; i < n; i++)
+		ymax = fmaxf(ymax, fabsf(kt_bf16_to_f32(out[i])));
+	float sc[8] = { 600.0f / (ymax > 0 ? ymax : 1.0f) }; /* scale; then the cast's amax */
+	float *d_sc = kt_upload(sc, sizeof(sc));
+	float *d_amax = kt_upload(NULL, NG_FP8_AMAX_SUB * 4);
+	kt_cuda(cudaMemset(d_amax, 0, NG_FP8_AMAX_SUB * 4), "cudaMemset");
+	void *d_o2 = kt_upload(NULL, n * 2), *d_r2 = kt_upload(NULL, n * 2);
+	uint8_t *d_8 = kt_upload(NULL, n), *d_c8 = kt_upload(NULL, n);
+	if (resid)
+		kt_ok(ng_residual_layernorm_fwd_fp8(d_r2, d_o2, d_8, d_sc, d_amax, NULL, NULL, d_a,
+						    d_b, d_w, d_bias, N, C, 0),
+		      "ng_residual_layernorm_fwd_fp8");
+	else
+		kt_ok(ng_layernorm_fwd_fp8(d_o2, d_8, d_sc, d_amax, NULL, NULL, d_a, d_w, d_bias, N, C,
+					   0), "ng_layernorm_fwd_fp8");
+	kt_ok(ng_fp8_cast_e4m3(d_c8, d_out, d_sc, n, 0), "ng_fp8_cast_e4m3");
+	ng_bf16 *o2 = kt_xmalloc(n * 2);
+	uint8_t *g8 = kt_xmalloc(n), *c8 = kt_xmalloc(n);
+	float am[NG_FP8_AMAX_SUB];
+	kt_download(o2, d_o2, n * 2);
+	kt_download(g8, d_8, n);
+	kt_download(c8, d_c8, n);
+	kt_download(am, d_amax, sizeof(am));
+	cr_expect(memcmp(o2, out, n * 2) == 0, "N=%d C=%d: the fp8 forward's bf16 output differs",
+		  N, C);
+	size_t bad = 0, sat = 0;
+	for (size_t i = 0; i < n; i++) {
+		bad += g8[i] != c8[i];
+		sat += (g8[i] & 0x7f) == 0x7e;
+	}
+	cr_expect_eq(bad, 0, "N=%d C=%d: %zu of %zu E4M3 bytes differ from the cast's", N, C, bad,
+		     n);
+	float got = 0;
+	for (int j = 0; j < NG_FP8_AMAX_SUB; j++)
+		got = fmaxf(got, am[j]);
+	cr_expect_eq(got, ymax, "N=%d C=%d: amax %a, max |out| %a", N, C, got, ymax);
+	cr_log_info("fp8 copy N=%d C=%d: %zu bytes saturated", N, C, sat);
+	cudaFree(d_sc), cudaFree(d_amax), cudaFree(d_o2), cudaFree(d_r2), cudaFree(d_8);
+	cudaFree(d_c8);
+	free(o2), free(g8), free(c8);
+}
 
 static void ln_fwd_case(int N, int C, double mean, int resid)
 {
@@ -56,6 +109,7 @@ static void ln_fwd_case(int N, int C, double mean, int resid)
 		snprintf(what, sizeof(what), "residual_layernorm_fwd resid N=%d C=%d", N, C);
 		check_bf16_(what, seed, res, x_d, n, 0.0, 0.0);
 	}
+	ln_fwd_fp8_same_(N, C, resid, out, d_out, d_a, d_b, d_w, d_bias);
 	double *md = kt_f2d(m, N), *rd = kt_f2d(rs, N);
 	snprintf(what, sizeof(what), "layernorm_fwd mean N=%d C=%d mean=%g", N, C, mean);
 	check_nmse_(what, seed, md, mref, N);

@@ -387,13 +387,29 @@ Test(step, fp8_graphs, .init = setup_)
 			}
 			chunks += op->which == NG_OP_WHICH_HEAD;
 			cr_assert_eq(op->fp8, 1, "%s", op->name);
-			cr_assert_eq(op->n_in, 4, "%s", op->name);
 			cr_assert_eq(op->in[2], tr.t_params_fp8);
 			cr_assert_eq(op->in[3], tr.t_fp8_state);
 			cr_assert_geq(ng_fp8_slot(c.L, op->which, op->layer), 0, "%s", op->name);
+			/* LayerNorm inputs come as the LayerNorm's E4M3 copy, the others are cast */
+			int from_ln = op->which == NG_OP_WHICH_QKV || op->which == NG_OP_WHICH_FC ||
+				      op->which == NG_OP_WHICH_HEAD;
+			cr_assert_eq(op->n_in, from_ln ? 5 : 4, "%s", op->name);
 			size_t ic = op->which == NG_OP_WHICH_FCPROJ ? 4 * (size_t)c.C : (size_t)c.C;
-			cr_assert_geq(tr.tensors[op->scratch].bytes,
-				      ng_fp8_input_bytes((size_t)op->row_count, ic), "%s", op->name);
+			if (from_ln) {
+				const struct ng_tensor *t8 = &tr.tensors[op->in[4]];
+				cr_assert(t8->dtype == NG_DTYPE_U8 && t8->bytes == (size_t)B * T * ic,
+					  "%s: %s", op->name, t8->name);
+				const struct ng_op *w = &tr.ops[t8->first_op]; /* its writer */
+				cr_assert(w->fp8 && w->out[w->n_out - 1] == op->in[4] &&
+					  w->in[w->n_in - 1] == tr.t_fp8_state &&
+					  (w->kind == NG_OP_LAYERNORM_FWD ||
+					   w->kind == NG_OP_RESIDUAL_LAYERNORM_FWD),
+					  "%s: written by %s", op->name, w->name);
+			} else {
+				cr_assert_geq(tr.tensors[op->scratch].bytes,
+					      ng_fp8_input_bytes((size_t)op->row_count, ic), "%s",
+					      op->name);
+			}
 			n_fp8++;
 		}
 		cr_assert(prep >= 0 && prep < first_fwd, "FP8_PREP at %d, first forward op %d", prep,
@@ -404,6 +420,11 @@ Test(step, fp8_graphs, .init = setup_)
 		cr_assert_eq(n_fp8, K * kinds * c.L + chunks, "mask %d", mask);
 		cr_assert_eq(chunks % K, 0);
 		cr_assert_eq(chunks > 0, (mask & NG_FP8_HEAD) != 0);
+		int ln8 = 0;
+		for (int i = 0; i < tr.n_ops; i++)
+			ln8 += tr.ops[i].fp8 && tr.ops[i].kind != NG_OP_MATMUL_FWD;
+		cr_assert_eq(ln8, K * (c.L * (!!(mask & NG_FP8_QKV) + !!(mask & NG_FP8_FC)) +
+				       !!(mask & NG_FP8_HEAD)), "mask %d", mask);
 		cr_assert(tr.fp8 == mask && !ev.fp8 && !sa.fp8);
 		cr_assert_eq(tr.tensors[tr.t_fp8_state].bytes, ng_fp8_state_floats(c.L) * 4);
 		cr_assert_eq(tr.tensors[tr.t_params_fp8].bytes, tr.lay.total);

@@ -28,6 +28,7 @@
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
+#include "kernels/fp8.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/optim.h"
@@ -171,6 +172,22 @@ static enum ng_status l_res_ln_fwd(struct bench *b, int r, void *a)
 	struct bufs *x = a;
 	return ng_residual_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 2, r), AT(x, 3, r),
 					 AT(x, 4, r), x->p[5], x->p[5], (int)b->N, b->C, 0);
+}
+/* --fp8: the E4M3 cast of an fcproj input (N x 4C), and LN2 with its E4M3 copy; the scale and
+ * the maxima live at the front of the last buffer (0x3c bytes: finite) */
+static enum ng_status l_fp8_cast(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_fp8_cast_e4m3_seg(AT(x, 0, r), AT(x, 1, r), x->p[2],
+				    (float *)((char *)x->p[2] + 256), x->n, 1, 0);
+}
+static enum ng_status l_res_ln_fwd_fp8(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_residual_layernorm_fwd_fp8(AT(x, 0, r), AT(x, 1, r), AT(x, 4, r), x->p[5],
+					     (float *)((char *)x->p[5] + 256), AT(x, 2, r),
+					     AT(x, 2, r), AT(x, 3, r), AT(x, 0, r), x->p[5],
+					     x->p[5], (int)b->N, b->C, 0);
 }
 static enum ng_status l_ln_bwd(struct bench *b, int r, void *a)
 {
@@ -374,6 +391,17 @@ static void run_shape(const char *preset, int B)
 	setup(b, &x, by, 6, (size_t[]){act, act, N * 4, act, act, 0});
 	x.p[5] = carve(b, C * 4);
 	time_kernel(b, "residual_layernorm_fwd", by, l_res_ln_fwd, &x);
+
+	by = 4.0 * act + 8.0 * N + act / 2; /* + the E4M3 copy, a byte an element */
+	setup(b, &x, by, 6, (size_t[]){act, act, N * 4, act, act / 2, 0});
+	x.p[5] = carve(b, (1u << 20));
+	time_kernel(b, "residual_layernorm_fwd + E4M3 copy (--fp8)", by, l_res_ln_fwd_fp8, &x);
+
+	by = 6.0 * act; /* N x 4C elements: 2 bytes in, 1 out */
+	setup(b, &x, by, 3, (size_t[]){act * 2, act * 4, 0});
+	x.p[2] = carve(b, (1u << 20));
+	x.n = N * C * 4;
+	time_kernel(b, "fp8 cast N x 4C (--fp8 fcproj input)", by, l_fp8_cast, &x);
 
 	by = 4.0 * act + 8.0 * N;
 	setup(b, &x, by, 6, (size_t[]){act, act, act, N * 4, 0, 0});
