@@ -367,7 +367,7 @@ static float *ln_fp8_field(const struct ng_exec *e, const struct ng_graph *g,
 	float *st = ng_exec_tensor_(e, g, op->in[op->n_in - 1]);
 	size_t slot = (size_t)ln_fp8_slot(g, op);
 	return st + ng_fp8_field_at(g->cfg.L, f) +
-	       (f == NG_FP8_ACT_AMAX ? NG_FP8_ACT_AMAX_SUB * slot : slot);
+	       (f == NG_FP8_ACT_AMAX ? (size_t)NG_FP8_AMAX_FLOATS * slot : slot);
 }
 
 /* --fp8 (graph/step.h "FP8"): roll the activation scales; cast every forward weight matrix with
@@ -381,10 +381,12 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	float *w_amax = f + ng_fp8_field_at(L, NG_FP8_W_AMAX);
 	float *w_scale = f + ng_fp8_field_at(L, NG_FP8_W_SCALE);
 	static const int ids[5] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW, NG_P_WTE };
-	_Static_assert(NG_FP8_ACT_AMAX_SUB == NG_FP8_AMAX_SUB, "graph/step.h and kernels/fp8.h");
+	_Static_assert(NG_FP8_ACT_AMAX_SUB == NG_FP8_AMAX_SUB &&
+			       NG_FP8_ACT_AMAX_STRIDE == NG_FP8_AMAX_STRIDE,
+		       "graph/step.h and kernels/fp8.h");
 	enum ng_status st = ng_fp8_roll_scales(f + ng_fp8_field_at(L, NG_FP8_HIST),
 					       f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX),
-					       NG_FP8_ACT_AMAX_SUB,
+					       NG_FP8_AMAX_SUB, NG_FP8_AMAX_STRIDE,
 					       f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE),
 					       f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE), S,
 					       NG_FP8_HISTORY, NG_FP8_ACT_MARGIN, s);
@@ -432,7 +434,7 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 		front = ng_fp8_input_bytes(rows, ic);
 		enum ng_status st = ng_fp8_cast_e4m3_seg(
 			in8, inp, f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot,
-			f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + (size_t)NG_FP8_ACT_AMAX_SUB * slot,
+			f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + (size_t)NG_FP8_AMAX_FLOATS * slot,
 			rows * ic, 1, s);
 		if (st)
 			return st;

@@ -43,9 +43,9 @@ extern "C" {
  *    records the maximum of what it casts; FP8_PREP rolls that into the history. In the first
  *    step (no history) the scale is 1. Values above the scale's range saturate at +-448.
  * fp8_state, f32: the fields of enum ng_fp8_field in order, each for S = 4L + 1 slots (an
- * activation maximum is NG_FP8_ACT_AMAX_SUB floats, a descale every 16 bytes: cuBLASLt reads
- * them); the history is S rows of NG_FP8_HISTORY, newest first. Eval and sample graphs stay
- * bf16.
+ * activation maximum is NG_FP8_ACT_AMAX_SUB floats on 128-byte lines of their own, a descale
+ * every 16 bytes: cuBLASLt reads them); the history is S rows of NG_FP8_HISTORY, newest first.
+ * Eval and sample graphs stay bf16.
  *  - Where the input of an fp8 matmul is a LayerNorm output (qkv: LN1, fc: LN2, head: LNF),
  *    that LayerNorm writes the E4M3 copy itself ("<ln>.e4m3", u8) and the matmul casts
  *    nothing: 1 byte an element instead of a 3-byte cast.
@@ -64,7 +64,8 @@ static inline int ng_fp8_bit(enum ng_op_which w)
 		return 1 << (int)(w - NG_OP_WHICH_QKV);
 	return 0;
 }
-#define NG_FP8_ACT_AMAX_SUB 32 /* floats per activation maximum (NG_FP8_AMAX_SUB) */
+#define NG_FP8_ACT_AMAX_SUB 32    /* an activation maximum: NG_FP8_AMAX_SUB floats, */
+#define NG_FP8_ACT_AMAX_STRIDE 32 /* NG_FP8_AMAX_STRIDE apart (kernels/fp8.h) */
 #define NG_FP8_HISTORY 16
 #define NG_FP8_ACT_MARGIN 1
 enum ng_fp8_field { NG_FP8_ACT_AMAX, NG_FP8_ACT_SCALE, NG_FP8_ACT_DESCALE, NG_FP8_W_AMAX,
@@ -76,7 +77,7 @@ static inline size_t ng_fp8_field_at(int L, enum ng_fp8_field f)
 {
 	size_t s4 = ((size_t)ng_fp8_slots(L) + 3) / 4 * 4, at = 0;
 	for (int i = 0; i < (int)f; i++)
-		at += i == NG_FP8_ACT_AMAX ? NG_FP8_ACT_AMAX_SUB * s4
+		at += i == NG_FP8_ACT_AMAX ? NG_FP8_ACT_AMAX_SUB * NG_FP8_ACT_AMAX_STRIDE * s4
 		      : (i == NG_FP8_ACT_DESCALE || i == NG_FP8_W_DESCALE) ? 4 * s4 : s4;
 	return at;
 }

@@ -82,8 +82,8 @@ static __global__ void fp8_scale_seg(float *scale, float *descale, const float *
 	descale[NG_FP8_DESCALE_STRIDE * k] = 1.0f / s;
 }
 
-static __global__ void fp8_roll_seg(float *hist, float *amax, int sub, float *scale,
-				    float *descale, int nseg, int H, int margin)
+static __global__ void fp8_roll_seg(float *hist, float *amax, int sub, int stride,
+				    float *scale, float *descale, int nseg, int H, int margin)
 {
 	int k = blockIdx.x * blockDim.x + threadIdx.x;
 	if (k >= nseg)
@@ -92,10 +92,11 @@ static __global__ void fp8_roll_seg(float *hist, float *amax, int sub, float *sc
 	float a = 0.0f, m = 0.0f;
 	bool nan = false; /* a NaN in the window keeps scale 1 until it leaves */
 	for (int j = 0; j < sub; j++) {
-		float v = amax[(size_t)k * sub + j];
+		size_t at = ((size_t)k * sub + j) * stride;
+		float v = amax[at];
 		nan |= v != v;
 		a = fmaxf(a, v);
-		amax[(size_t)k * sub + j] = 0.0f;
+		amax[at] = 0.0f;
 	}
 	if (nan)
 		a = __int_as_float(0x7fc00000);
@@ -210,17 +211,17 @@ extern "C" enum ng_status ng_fp8_scale_from_amax(float *scale, float *descale, c
 	return ng_fp8_scale_seg(scale, descale, amax, 1, margin, s);
 }
 
-extern "C" enum ng_status ng_fp8_roll_scales(float *hist, float *amax, int sub, float *scale,
-					     float *descale, int nseg, int H, int margin,
-					     cudaStream_t s)
+extern "C" enum ng_status ng_fp8_roll_scales(float *hist, float *amax, int sub, int stride,
+					     float *scale, float *descale, int nseg, int H,
+					     int margin, cudaStream_t s)
 {
 	if (!hist || !amax || !scale || !descale || nseg < 1 || H < 1 || H > 1024 || margin < 0 ||
-	    margin > 16 || sub < 1 || sub > 1024)
+	    margin > 16 || sub < 1 || sub > 1024 || stride < 1 || stride > 1024)
 		return ng_check_arg_fail("ng_fp8_roll_scales", "need device pointers, segments, a "
 					 "history of 1..1024 and a margin in 0..16, got %d segments, "
 					 "history %d, margin %d", nseg, H, margin);
-	fp8_roll_seg<<<(nseg + 127) / 128, 128, 0, s>>>(hist, amax, sub, scale, descale, nseg, H,
-							  margin);
+	fp8_roll_seg<<<(nseg + 127) / 128, 128, 0, s>>>(hist, amax, sub, stride, scale, descale,
+							  nseg, H, margin);
 	return NG_LAUNCH_CHECK("fp8_roll_seg");
 }
 

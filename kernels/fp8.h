@@ -28,10 +28,14 @@ extern "C" {
  * 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200): the segmented forms write
  * slot k's descale at descale[NG_FP8_DESCALE_STRIDE * k]. */
 #define NG_FP8_DESCALE_STRIDE 4
-/* An activation's maximum is NG_FP8_AMAX_SUB floats, max= by writers that spread their
- * atomics over them (a LayerNorm with an E4M3 output does one per row); its value is the
- * largest of them (ng_fp8_roll_scales). */
+/* An activation's maximum is NG_FP8_AMAX_SUB floats NG_FP8_AMAX_STRIDE floats apart (each on
+ * its own 128-byte line: atomics on one line serialise in its L2 slice, ~55 us for the 65536
+ * rows of a d12 LayerNorm on the H200), max= by writers that spread their atomics over them (a
+ * LayerNorm with an E4M3 output does one per row); its value is the largest of them
+ * (ng_fp8_roll_scales). NG_FP8_AMAX_FLOATS floats in all. */
 #define NG_FP8_AMAX_SUB 32
+#define NG_FP8_AMAX_STRIDE 32
+#define NG_FP8_AMAX_FLOATS (NG_FP8_AMAX_SUB * NG_FP8_AMAX_STRIDE)
 
 /* *amax = max(*amax, max |in[i]|). The caller zeroes *amax first; max is order-independent, so
  * the result is deterministic. A NaN input makes *amax NaN. */
@@ -71,12 +75,13 @@ enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out,        /* (nseg, seg_n) E4M3, 
 				    size_t seg_n, int nseg, cudaStream_t s);
 
 /* Delayed scaling, once per step for each of nseg slots: push the slot's maximum (the largest
- * of amax[k * sub .. k * sub + sub)) into its history of the last H maxima (hist row k, newest
- * first), scale[k] / descale[k] from the largest of them as ng_fp8_scale_from_amax does, and
- * zero the slot's amax floats for the step to come. */
+ * of amax[(k * sub + j) * stride], j < sub) into its history of the last H maxima (hist row k,
+ * newest first), scale[k] / descale[k] from the largest of them as ng_fp8_scale_from_amax
+ * does, and zero the slot's amax floats for the step to come. */
 enum ng_status ng_fp8_roll_scales(float *hist,    /* (nseg, H) fp32, updated */
-				  float *amax,    /* (nseg, sub) fp32, read then zeroed */
-				  int sub,        /* 1 or NG_FP8_AMAX_SUB */
+				  float *amax,    /* (nseg, sub, stride) fp32, read then zeroed */
+				  int sub,        /* 1, or NG_FP8_AMAX_SUB */
+				  int stride,     /* 1, or NG_FP8_AMAX_STRIDE */
 				  float *scale,   /* (nseg) fp32, = */
 				  float *descale, /* (nseg x NG_FP8_DESCALE_STRIDE) fp32, = */
 				  int nseg, int H, int margin, cudaStream_t s);

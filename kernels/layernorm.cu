@@ -136,11 +136,12 @@ static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *resid, __nv_bfl
 			*reinterpret_cast<uint2 *>(out8 + off + c) = v;
 		}
 	}
-	if (out8) { /* one atomic per row, spread over NG_FP8_AMAX_SUB addresses */
+	if (out8) { /* one atomic per row, spread over NG_FP8_AMAX_SUB cache lines */
 		m8 = ng_warp_max_(m8);
 		nan8 = __any_sync(0xffffffffu, nan8);
 		if (lane == 0)
-			atomicMax(reinterpret_cast<unsigned *>(amax8 + row % NG_FP8_AMAX_SUB),
+			atomicMax(reinterpret_cast<unsigned *>(amax8 + (row % NG_FP8_AMAX_SUB) *
+									     NG_FP8_AMAX_STRIDE),
 				  nan8 ? 0x7fc00000u : __float_as_uint(m8));
 	}
 	if (lane == 0) {
@@ -482,7 +483,7 @@ struct ln_args {
 	int N, C;                                     /* rows, channels */
 	uint8_t *out8;                                /* forward: E4M3 copy of out, or NULL */
 	const float *scale8;                          /* its scale (1) */
-	float *amax8;                                 /* its maximum (NG_FP8_AMAX_SUB), max= */
+	float *amax8;                                 /* its maximum (NG_FP8_AMAX_FLOATS), max= */
 };
 
 /* KIND 0: forward, 1: residual forward, 2: backward partials. */

@@ -41,8 +41,9 @@ enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid,      /* (N, C) bf16, = 
 
 /* The two forwards with an E4M3 copy of `out` for an fp8 matmul (kernels/fp8.h): out8 =
  * E4M3(bf16 out * *scale8), byte for byte what ng_fp8_cast_e4m3 of `out` gives, and the
- * maximum |out| max= into amax8[row % NG_FP8_AMAX_SUB] (one atomic per row, spread over the
- * NG_FP8_AMAX_SUB floats: the slot's maximum is theirs). out8 8-byte aligned; out8 NULL is
+ * maximum |out| max= into amax8[(row % NG_FP8_AMAX_SUB) * NG_FP8_AMAX_STRIDE] (one atomic per
+ * row, spread over those NG_FP8_AMAX_SUB lines: the slot's maximum is theirs; amax8 holds
+ * NG_FP8_AMAX_FLOATS floats). out8 8-byte aligned; out8 NULL is
  * the plain forward. */
 enum ng_status ng_layernorm_fwd_fp8(ng_bf16 *out, uint8_t *out8, const float *scale8,
 				    float *amax8, float *mean, float *rstd, const ng_bf16 *inp,

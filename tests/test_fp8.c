@@ -271,7 +271,7 @@ Test(fp8, roll_scales_history)
 		for (int k = 0; k < S; k++)
 			a2[k * SUB + t % SUB] = seq[t][k];
 		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(amax, a2, sizeof(a2), cudaMemcpyHostToDevice)));
-		cr_assert_eq(ng_fp8_roll_scales(hist, amax, SUB, sc, dsc, S, H, 1, 0), NG_OK, "%s",
+		cr_assert_eq(ng_fp8_roll_scales(hist, amax, SUB, 1, sc, dsc, S, H, 1, 0), NG_OK, "%s",
 			     ng_error_message());
 		float out[SUB * S + 5 * S];
 		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(out, amax, sizeof(out),

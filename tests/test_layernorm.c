@@ -27,8 +27,8 @@ static void ln_fwd_fp8_same_(int N, int C, int resid, const ng_bf16 *out, const 
 		ymax = fmaxf(ymax, fabsf(kt_bf16_to_f32(out[i])));
 	float sc[8] = { 600.0f / (ymax > 0 ? ymax : 1.0f) }; /* scale; then the cast's amax */
 	float *d_sc = kt_upload(sc, sizeof(sc));
-	float *d_amax = kt_upload(NULL, NG_FP8_AMAX_SUB * 4);
-	kt_cuda(cudaMemset(d_amax, 0, NG_FP8_AMAX_SUB * 4), "cudaMemset");
+	float *d_amax = kt_upload(NULL, NG_FP8_AMAX_FLOATS * 4);
+	kt_cuda(cudaMemset(d_amax, 0, NG_FP8_AMAX_FLOATS * 4), "cudaMemset");
 	void *d_o2 = kt_upload(NULL, n * 2), *d_r2 = kt_upload(NULL, n * 2);
 	uint8_t *d_8 = kt_upload(NULL, n), *d_c8 = kt_upload(NULL, n);
 	if (resid)
@@ -41,7 +41,7 @@ static void ln_fwd_fp8_same_(int N, int C, int resid, const ng_bf16 *out, const 
 	kt_ok(ng_fp8_cast_e4m3(d_c8, d_out, d_sc, n, 0), "ng_fp8_cast_e4m3");
 	ng_bf16 *o2 = kt_xmalloc(n * 2);
 	uint8_t *g8 = kt_xmalloc(n), *c8 = kt_xmalloc(n);
-	float am[NG_FP8_AMAX_SUB];
+	static float am[NG_FP8_AMAX_FLOATS];
 	kt_download(o2, d_o2, n * 2);
 	kt_download(g8, d_8, n);
 	kt_download(c8, d_c8, n);
@@ -56,7 +56,7 @@ static void ln_fwd_fp8_same_(int N, int C, int resid, const ng_bf16 *out, const 
 	cr_expect_eq(bad, 0, "N=%d C=%d: %zu of %zu E4M3 bytes differ from the cast's", N, C, bad,
 		     n);
 	float got = 0;
-	for (int j = 0; j < NG_FP8_AMAX_SUB; j++)
+	for (int j = 0; j < NG_FP8_AMAX_FLOATS; j++) /* the lines' first floats, zeros between */
 		got = fmaxf(got, am[j]);
 	cr_expect_eq(got, ymax, "N=%d C=%d: amax %a, max |out| %a", N, C, got, ymax);
 	cr_log_info("fp8 copy N=%d C=%d: %zu bytes saturated", N, C, sat);
