@@ -57,6 +57,8 @@ Test(cli, bad_usage_is_exit_2)
 	expect_input_error(run("train", "--device", "tpu", NULL), "not cuda or cpu");
 	expect_input_error(run("train", "--schedule", "step", NULL), "not cosine or linear");
 	expect_input_error(run("plan", "--batch", "0", NULL), "out of range");
+	expect_input_error(run("train", "--device", "cpu", "--fp8", "--model", "tiny", "--steps",
+			       "1", NULL), "no FP8 path");
 }
 
 Test(cli, impossible_models_are_refused)
