@@ -502,6 +502,12 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	if (opt.head_chunk_rows < 0)
 		return ng_fail(NG_ERR_INPUT, "step: head chunk rows %d is negative",
 			       opt.head_chunk_rows);
+	if ((opt.fp8 & NG_FP8_ALL) && cfg->C % 16) {
+		ng_fail(NG_ERR_INPUT, "--fp8: the channels (C = %d) must be a multiple of 16 (E4M3 "
+			"rows of 16 bytes for cuBLASLt)", cfg->C);
+		ng_hint("drop --fp8, or pick --channels a multiple of 16");
+		return NG_ERR_INPUT;
+	}
 	memset(b, 0, sizeof(*b));
 	b->g = g;
 	b->micro = -1;

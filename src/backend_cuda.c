@@ -70,6 +70,10 @@ static enum ng_status cu_load_state(void *ctx, const struct ng_train_state *s)
 	if (s->n != n)
 		return ng_fail(NG_ERR_INPUT, "training state has %zu parameters, the model %zu",
 			       s->n, n);
+	if (e->train.fp8 && e->cfg.rank == 0)
+		fprintf(stderr, "note: --fp8: the FP8 scales restart from this step (they are not in "
+			"the checkpoint), so the resumed run follows an uninterrupted one within FP8 "
+			"rounding, not bit for bit\n");
 	if (s->elem_size == 4)
 		return ng_exec_restore(e, s->params, s->m, s->v, s->step, s->n_skipped);
 	/* a state from the CPU reference (double): narrowed to the GPU's fp32 master copy */

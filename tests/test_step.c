@@ -26,6 +26,15 @@ static void setup_(void)
 	ng_rng_seed(&rng_, seed_);
 }
 
+/* --fp8 needs C % 16 == 0: double C (H x 8 x m) when it is not. */
+static void fp8_fit(struct ng_gpt_config *c)
+{
+	if (c->C % 16) {
+		c->C *= 2;
+		cr_assert_eq(ng_gpt_check(c), NG_OK, "%s", ng_error_message());
+	}
+}
+
 /* A random small configuration and options. */
 static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 			struct ng_step_options *o)
@@ -48,6 +57,8 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
 	o->fp8 = (int)ng_rng_below(&rng_, 33); /* NG_FP8_* bits, 32 = AUTO alone: none */
+	if (o->fp8 & NG_FP8_ALL)
+		fp8_fit(c);
 	o->head_chunk_rows = ng_rng_below(&rng_, 3) == 0 ? 0
 							  : 1 + (int)ng_rng_below(&rng_, (uint64_t)(*B * *T));
 }
@@ -359,6 +370,7 @@ Test(step, fp8_graphs, .init = setup_)
 		struct ng_step_options o;
 		int B, T, K;
 		random_case(&c, &B, &T, &K, &o);
+		fp8_fit(&c);
 		int mask = 1 + (int)ng_rng_below(&rng_, NG_FP8_ALL);
 		o.fp8 = mask | (rep % 2 ? NG_FP8_AUTO : 0); /* AUTO is the executor's business */
 		struct ng_graph tr, ev, sa, plain;
@@ -469,6 +481,17 @@ Test(step, bad_sizes_are_input_errors)
 	o.align = 100;
 	cr_assert_eq(ng_step_build_train(&g, &c, 2, 8, 1, &o), NG_ERR_INPUT);
 	cr_assert(strstr(ng_error_message(), "100"), "message: %s", ng_error_message());
+	ng_clear_error();
+	/* --fp8 with C = 24 (a legal model, head size 8): one line naming C, and a hint */
+	ng_step_default_options(&o);
+	o.fp8 = NG_FP8_ALL | NG_FP8_AUTO;
+	struct ng_gpt_config c24 = c;
+	c24.H = 3;
+	c24.C = 24;
+	cr_assert_eq(ng_gpt_check(&c24), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(ng_step_build_train(&g, &c24, 2, 8, 1, &o), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "C = 24"), "message: %s", ng_error_message());
+	cr_assert(strstr(ng_error_hint(), "drop --fp8"), "hint: %s", ng_error_hint());
 	ng_clear_error();
 	ng_graph_free(&g); /* safe on a failed build */
 }

@@ -136,8 +136,8 @@ static double time_kernel(struct bench *b, const char *kernel, double bytes, lau
 
 /* Each kernel's buffers: rotation bases and per-copy strides. */
 struct bufs {
-	void *p[6];     /* bases */
-	size_t sz[6];   /* bytes per copy */
+	void *p[8];     /* bases */
+	size_t sz[8];   /* bytes per copy */
 	size_t n;       /* element count or rows */
 	int oc;         /* columns (bias grad) */
 };
@@ -173,21 +173,22 @@ static enum ng_status l_res_ln_fwd(struct bench *b, int r, void *a)
 	return ng_residual_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 2, r), AT(x, 3, r),
 					 AT(x, 4, r), x->p[5], x->p[5], (int)b->N, b->C, 0);
 }
-/* --fp8: the E4M3 cast of an fcproj input (N x 4C), and LN2 with its E4M3 copy; the scale and
- * the maxima live at the front of the last buffer (0x3c bytes: finite) */
+/* --fp8: the E4M3 cast of an fcproj input (N x 4C), and LN2 with its E4M3 copy. The scale
+ * (0x3c bytes: a finite float) and the maxima (NG_FP8_AMAX_FLOATS) have a buffer of their own,
+ * apart from the LayerNorm's weights. */
 static enum ng_status l_fp8_cast(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_fp8_cast_e4m3_seg(AT(x, 0, r), AT(x, 1, r), x->p[2],
-				    (float *)((char *)x->p[2] + 256), x->n, 1, 0);
+	return ng_fp8_cast_e4m3_seg(AT(x, 0, r), AT(x, 1, r), x->p[2], (float *)x->p[2] + 64,
+				    x->n, 1, 0);
 }
 static enum ng_status l_res_ln_fwd_fp8(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_residual_layernorm_fwd_fp8(AT(x, 0, r), AT(x, 1, r), AT(x, 4, r), x->p[5],
-					     (float *)((char *)x->p[5] + 256), AT(x, 2, r),
-					     AT(x, 2, r), AT(x, 3, r), AT(x, 0, r), x->p[5],
-					     x->p[5], (int)b->N, b->C, 0);
+	return ng_residual_layernorm_fwd_fp8(AT(x, 0, r), AT(x, 1, r), AT(x, 6, r), x->p[7],
+					     (float *)x->p[7] + 64, AT(x, 2, r), AT(x, 2, r),
+					     AT(x, 3, r), AT(x, 4, r), x->p[5], x->p[5], (int)b->N,
+					     b->C, 0);
 }
 static enum ng_status l_ln_bwd(struct bench *b, int r, void *a)
 {
@@ -393,13 +394,14 @@ static void run_shape(const char *preset, int B)
 	time_kernel(b, "residual_layernorm_fwd", by, l_res_ln_fwd, &x);
 
 	by = 4.0 * act + 8.0 * N + act / 2; /* + the E4M3 copy, a byte an element */
-	setup(b, &x, by, 6, (size_t[]){act, act, N * 4, act, act / 2, 0});
-	x.p[5] = carve(b, (1u << 20));
+	setup(b, &x, by, 7, (size_t[]){act, act, N * 4, act, act, 0, act / 2});
+	x.p[5] = carve(b, C * 4);
+	x.p[7] = carve(b, 64 * 4 + NG_FP8_AMAX_FLOATS * 4);
 	time_kernel(b, "residual_layernorm_fwd + E4M3 copy (--fp8)", by, l_res_ln_fwd_fp8, &x);
 
 	by = 6.0 * act; /* N x 4C elements: 2 bytes in, 1 out */
 	setup(b, &x, by, 3, (size_t[]){act * 2, act * 4, 0});
-	x.p[2] = carve(b, (1u << 20));
+	x.p[2] = carve(b, 64 * 4 + 256);
 	x.n = N * C * 4;
 	time_kernel(b, "fp8 cast N x 4C (--fp8 fcproj input)", by, l_fp8_cast, &x);
 
