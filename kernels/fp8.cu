@@ -68,7 +68,10 @@ static __global__ void fp8_amax_seg(float *__restrict__ amax, const __nv_bfloat1
 
 static __device__ __forceinline__ float scale_of_(float a, int margin)
 {
-	return (a > 0.0f && isfinite(a)) ? NG_FP8_E4M3_MAX / ldexpf(a, margin) : 1.0f;
+	/* a maximum so small or large that the scale is not a finite positive number (below
+	 * ~1e-36, or above ~1.7e38 with margin 1): scale 1, as for 0 or NaN */
+	float s = (a > 0.0f && isfinite(a)) ? NG_FP8_E4M3_MAX / ldexpf(a, margin) : 1.0f;
+	return (isfinite(s) && s > 0.0f) ? s : 1.0f;
 }
 
 static __global__ void fp8_scale_seg(float *scale, float *descale, const float *amax, int nseg,

@@ -297,6 +297,28 @@ Test(fp8, roll_scales_history)
 	cudaFree(bs);
 }
 
+/* Maxima whose scale 448 / (2^margin amax) is not a finite positive float (a denormal-small
+ * maximum, one near FLT_MAX with margin 1) get scale 1, as 0 and NaN do: never 0 or Inf, whose
+ * products with zeros would be NaN. */
+Test(fp8, scale_extremes_are_one)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	float am[4] = { 1e-38f, 3e38f, 0.0f, 2.0f }, want[4] = { 1.0f, 1.0f, 1.0f, 112.0f };
+	void *bs;
+	float *d = dev_(&bs, 64 * sizeof(float), 0); /* amax, scale, descales 16 bytes apart */
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d, am, sizeof(am), cudaMemcpyHostToDevice)));
+	cr_assert_eq(ng_fp8_scale_seg(d + 4, d + 8, d, 4, 1, 0), NG_OK, "%s", ng_error_message());
+	float h[24];
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost)));
+	for (int k = 0; k < 4; k++) {
+		cr_expect_eq(h[4 + k], want[k], "amax %g: scale %g, want %g", am[k], h[4 + k],
+			     want[k]);
+		cr_expect_eq(h[8 + NG_FP8_DESCALE_STRIDE * k], 1.0f / want[k]);
+	}
+	cudaFree(bs);
+}
+
 /* One FWD fp8 matmul against the fp64 and naive fp32 loops over the same E4M3 inputs. */
 static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 {
