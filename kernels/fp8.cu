@@ -66,9 +66,13 @@ static __global__ void fp8_amax_seg(float *__restrict__ amax, const __nv_bfloat1
 	amax_commit_(amax + blockIdx.y, m, nan);
 }
 
-static __device__ __forceinline__ float scale_of_(float a, int margin)
+static __device__ __forceinline__ float scale_of_(float a, int margin,
+						  float fmax = NG_FP8_E4M3_MAX)
 {
-	return (a > 0.0f && isfinite(a)) ? NG_FP8_E4M3_MAX / ldexpf(a, margin) : 1.0f;
+	/* a maximum so small or large that the scale is not a finite positive number (below
+	 * ~1e-36, or above ~1.7e38 with margin 1): scale 1, as for 0 or NaN */
+	float s = (a > 0.0f && isfinite(a)) ? fmax / ldexpf(a, margin) : 1.0f;
+	return (isfinite(s) && s > 0.0f) ? s : 1.0f;
 }
 
 static __global__ void fp8_scale_seg(float *scale, float *descale, const float *amax, int nseg,
@@ -83,7 +87,8 @@ static __global__ void fp8_scale_seg(float *scale, float *descale, const float *
 }
 
 static __global__ void fp8_roll_seg(float *hist, float *amax, int sub, int stride,
-				    float *scale, float *descale, int nseg, int H, int margin)
+				    float *scale, float *descale, int nseg, int H, int margin,
+				    float fmax)
 {
 	int k = blockIdx.x * blockDim.x + threadIdx.x;
 	if (k >= nseg)
@@ -107,12 +112,13 @@ static __global__ void fp8_roll_seg(float *hist, float *amax, int sub, int strid
 	}
 	h[0] = a;
 	m = fmaxf(m, a);
-	float s = nan ? 1.0f : scale_of_(m, margin);
+	float s = nan ? 1.0f : scale_of_(m, margin, fmax);
 	scale[k] = s;
 	descale[NG_FP8_DESCALE_STRIDE * k] = 1.0f / s;
 }
 
-static __global__ void fp8_cast_e4m3_seg(uint8_t *__restrict__ out,
+template <int FMT> /* __NV_E4M3 or __NV_E5M2 */
+static __global__ void fp8_cast_seg(uint8_t *__restrict__ out,
 					 const __nv_bfloat16 *__restrict__ in,
 					 const float *__restrict__ scale, float *__restrict__ amax,
 					 size_t seg_n)
@@ -133,13 +139,15 @@ static __global__ void fp8_cast_e4m3_seg(uint8_t *__restrict__ out,
 			uint8_t *b = reinterpret_cast<uint8_t *>(&v);
 #pragma unroll
 			for (int k = 0; k < 8; k++)
-				b[k] = __nv_cvt_float_to_fp8(x[k] * sc, __NV_SATFINITE, __NV_E4M3);
+				b[k] = __nv_cvt_float_to_fp8(x[k] * sc, __NV_SATFINITE,
+							     (__nv_fp8_interpretation_t)FMT);
 			*reinterpret_cast<uint2 *>(out + i) = v;
 			max8_(m, nan, x);
 		} else {
 			for (size_t j = i; j < seg_n; j++) {
 				float x = __bfloat162float(in[j]);
-				out[j] = __nv_cvt_float_to_fp8(x * sc, __NV_SATFINITE, __NV_E4M3);
+				out[j] = __nv_cvt_float_to_fp8(x * sc, __NV_SATFINITE,
+							       (__nv_fp8_interpretation_t)FMT);
 				nan |= x != x;
 				m = fmaxf(m, fabsf(x));
 			}
@@ -211,32 +219,94 @@ extern "C" enum ng_status ng_fp8_scale_from_amax(float *scale, float *descale, c
 	return ng_fp8_scale_seg(scale, descale, amax, 1, margin, s);
 }
 
+extern "C" enum ng_status ng_fp8_roll_scales_fmt(enum ng_fp8_format fmt, float *hist,
+						 float *amax, int sub, int stride, float *scale,
+						 float *descale, int nseg, int H, int margin,
+						 cudaStream_t s)
+{
+	if (!hist || !amax || !scale || !descale || nseg < 1 || H < 1 || H > 1024 || margin < 0 ||
+	    margin > 16 || sub < 1 || sub > 1024 || stride < 1 || stride > 1024 ||
+	    (fmt != NG_FP8_E4M3 && fmt != NG_FP8_E5M2))
+		return ng_check_arg_fail("ng_fp8_roll_scales", "need device pointers, segments, a "
+					 "history of 1..1024 and a margin in 0..16, got %d segments, "
+					 "history %d, margin %d", nseg, H, margin);
+	fp8_roll_seg<<<(nseg + 127) / 128, 128, 0, s>>>(
+		hist, amax, sub, stride, scale, descale, nseg, H, margin,
+		fmt == NG_FP8_E5M2 ? NG_FP8_E5M2_MAX : NG_FP8_E4M3_MAX);
+	return NG_LAUNCH_CHECK("fp8_roll_seg");
+}
+
 extern "C" enum ng_status ng_fp8_roll_scales(float *hist, float *amax, int sub, int stride,
 					     float *scale, float *descale, int nseg, int H,
 					     int margin, cudaStream_t s)
 {
-	if (!hist || !amax || !scale || !descale || nseg < 1 || H < 1 || H > 1024 || margin < 0 ||
-	    margin > 16 || sub < 1 || sub > 1024 || stride < 1 || stride > 1024)
-		return ng_check_arg_fail("ng_fp8_roll_scales", "need device pointers, segments, a "
-					 "history of 1..1024 and a margin in 0..16, got %d segments, "
-					 "history %d, margin %d", nseg, H, margin);
-	fp8_roll_seg<<<(nseg + 127) / 128, 128, 0, s>>>(hist, amax, sub, stride, scale, descale,
-							  nseg, H, margin);
-	return NG_LAUNCH_CHECK("fp8_roll_seg");
+	return ng_fp8_roll_scales_fmt(NG_FP8_E4M3, hist, amax, sub, stride, scale, descale, nseg,
+				      H, margin, s);
+}
+
+extern "C" enum ng_status ng_fp8_cast_seg(enum ng_fp8_format fmt, uint8_t *out,
+					  const ng_bf16 *in, const float *scale, float *amax,
+					  size_t seg_n, int nseg, cudaStream_t s)
+{
+	enum ng_status st = check_("ng_fp8_cast", seg_n, nseg, in, out, 8);
+	if (st)
+		return st;
+	if (!scale || (fmt != NG_FP8_E4M3 && fmt != NG_FP8_E5M2))
+		return ng_check_arg_fail("ng_fp8_cast", "scale must be a device pointer and the "
+					 "format E4M3 or E5M2");
+	if (fmt == NG_FP8_E5M2)
+		fp8_cast_seg<__NV_E5M2><<<grid8_(seg_n, nseg), FP8_THREADS, 0, s>>>(
+			out, (const __nv_bfloat16 *)in, scale, amax, seg_n);
+	else
+		fp8_cast_seg<__NV_E4M3><<<grid8_(seg_n, nseg), FP8_THREADS, 0, s>>>(
+			out, (const __nv_bfloat16 *)in, scale, amax, seg_n);
+	return NG_LAUNCH_CHECK("fp8_cast_seg");
 }
 
 extern "C" enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out, const ng_bf16 *in,
 					       const float *scale, float *amax, size_t seg_n,
 					       int nseg, cudaStream_t s)
 {
-	enum ng_status st = check_("ng_fp8_cast_e4m3", seg_n, nseg, in, out, 8);
-	if (st)
-		return st;
-	if (!scale)
-		return ng_check_arg_fail("ng_fp8_cast_e4m3", "scale must be a device pointer");
-	fp8_cast_e4m3_seg<<<grid8_(seg_n, nseg), FP8_THREADS, 0, s>>>(
-		out, (const __nv_bfloat16 *)in, scale, amax, seg_n);
-	return NG_LAUNCH_CHECK("fp8_cast_e4m3_seg");
+	return ng_fp8_cast_seg(NG_FP8_E4M3, out, in, scale, amax, seg_n, nseg, s);
+}
+
+/* Transposing cast, 32 x 32 tiles through shared memory: a block of 32 x 8 threads reads 32
+ * rows of 32 bf16 (64-byte runs) and writes 32 columns as 32-byte runs of E4M3. Segment
+ * blockIdx.z. */
+static __global__ void fp8_cast_e4m3_t(uint8_t *__restrict__ out,
+				       const __nv_bfloat16 *__restrict__ in,
+				       const float *__restrict__ scale, int R, int Cc)
+{
+	__shared__ float tile[32][33];
+	size_t seg = (size_t)blockIdx.z * R * Cc;
+	in += seg;
+	out += seg;
+	int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+	float sc = scale[blockIdx.z];
+	for (int dy = threadIdx.y; dy < 32; dy += 8) {
+		int r = r0 + dy, c = c0 + threadIdx.x;
+		tile[dy][threadIdx.x] = (r < R && c < Cc) ? __bfloat162float(in[(size_t)r * Cc + c])
+							  : 0.0f;
+	}
+	__syncthreads();
+	for (int dy = threadIdx.y; dy < 32; dy += 8) {
+		int c = c0 + dy, r = r0 + threadIdx.x; /* out (Cc, R): row c, column r */
+		if (c < Cc && r < R)
+			out[(size_t)c * R + r] = __nv_cvt_float_to_fp8(tile[threadIdx.x][dy] * sc,
+								       __NV_SATFINITE, __NV_E4M3);
+	}
+}
+
+extern "C" enum ng_status ng_fp8_cast_e4m3_t_seg(uint8_t *out, const ng_bf16 *in,
+						 const float *scale, int R, int Cc, int nseg,
+						 cudaStream_t s)
+{
+	if (!out || !in || !scale || R < 1 || Cc < 1 || nseg < 1 || nseg > 65535)
+		return ng_check_arg_fail("ng_fp8_cast_e4m3_t", "need device pointers, R %d, C %d and "
+					 "1..65535 segments (%d)", R, Cc, nseg);
+	dim3 grid((unsigned)((Cc + 31) / 32), (unsigned)((R + 31) / 32), (unsigned)nseg);
+	fp8_cast_e4m3_t<<<grid, dim3(32, 8), 0, s>>>(out, (const __nv_bfloat16 *)in, scale, R, Cc);
+	return NG_LAUNCH_CHECK("fp8_cast_e4m3_t");
 }
 
 extern "C" enum ng_status ng_fp8_cast_e4m3(uint8_t *out, const ng_bf16 *in, const float *scale,

@@ -24,6 +24,8 @@ extern "C" {
 #endif
 
 #define NG_FP8_E4M3_MAX 448.0f
+#define NG_FP8_E5M2_MAX 57344.0f /* E5M2 (gradients): 1 sign, 5 exponent, 2 mantissa bits */
+enum ng_fp8_format { NG_FP8_E4M3, NG_FP8_E5M2 };
 /* Descales are what cuBLASLt reads (its A/B scale pointers), and it refuses one that is not
  * 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200): the segmented forms write
  * slot k's descale at descale[NG_FP8_DESCALE_STRIDE * k]. */
@@ -74,6 +76,16 @@ enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out,        /* (nseg, seg_n) E4M3, 
 				    float *amax,         /* (nseg) fp32, max=, or NULL */
 				    size_t seg_n, int nseg, cudaStream_t s);
 
+/* The cast in either format (scale from the format's largest finite: NG_FP8_*_MAX). */
+enum ng_status ng_fp8_cast_seg(enum ng_fp8_format fmt, uint8_t *out, const ng_bf16 *in,
+			       const float *scale, float *amax, size_t seg_n, int nseg,
+			       cudaStream_t s);
+/* Transposing cast, for the E4M3 copy of W^T an fp8 dinp matmul reads: segment k of in is an
+ * (R, Cc) bf16 row-major matrix, segment k of out the (Cc, R) row-major E4M3 of its transpose
+ * times scale[k]. Any R, Cc. */
+enum ng_status ng_fp8_cast_e4m3_t_seg(uint8_t *out, const ng_bf16 *in, const float *scale,
+				      int R, int Cc, int nseg, cudaStream_t s);
+
 /* Delayed scaling, once per step for each of nseg slots: push the slot's maximum (the largest
  * of amax[(k * sub + j) * stride], j < sub) into its history of the last H maxima (hist row k,
  * newest first), scale[k] / descale[k] from the largest of them as ng_fp8_scale_from_amax
@@ -85,6 +97,10 @@ enum ng_status ng_fp8_roll_scales(float *hist,    /* (nseg, H) fp32, updated */
 				  float *scale,   /* (nseg) fp32, = */
 				  float *descale, /* (nseg x NG_FP8_DESCALE_STRIDE) fp32, = */
 				  int nseg, int H, int margin, cudaStream_t s);
+/* The same for a format's range (E5M2 for gradients: 57344 / (2^margin x the maximum)). */
+enum ng_status ng_fp8_roll_scales_fmt(enum ng_fp8_format fmt, float *hist, float *amax, int sub,
+				      int stride, float *scale, float *descale, int nseg, int H,
+				      int margin, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -110,11 +110,12 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 	if (sp->accumulate && sp->kind != NG_MATMUL_DW)
 		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: accumulate is DW only",
 					 k, sp->N, sp->IC, sp->OC);
-	if (sp->fp8 && (sp->kind != NG_MATMUL_FWD || sp->IC % 16 || sp->OC % 16)) {
-		ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: fp8 is FWD only, with IC "
-				  "and OC multiples of 16", k, sp->N, sp->IC, sp->OC);
+	if (sp->fp8 && (sp->kind == NG_MATMUL_DW || sp->IC % 16 || sp->OC % 16)) {
+		ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: fp8 is FWD or DINP only, "
+				  "with IC and OC multiples of 16", k, sp->N, sp->IC, sp->OC);
 		ng_hint("FP8 operands need 16-byte leading dimensions, and cuBLASLt's FP8 path the "
-			"transposed-A layout that only the forward has");
+			"transposed-A (\"TN\") layout, which dW would need both operands transposed "
+			"for");
 		return NG_ERR_INPUT;
 	}
 	return NG_OK;
@@ -147,6 +148,10 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 	case NG_MATMUL_DINP:
 		mm->m = sp->IC; mm->n = sp->N; mm->k = sp->OC;
 		ar = IC; ac = OC; br = OC; bc = N;
+		if (sp->fp8) { /* A = W^T's E4M3 copy, (IC, OC) row-major: "TN" */
+			ta = CUBLAS_OP_T;
+			ar = OC; ac = IC;
+		}
 		if (sp->gelu)
 			epi = CUBLASLT_EPILOGUE_DGELU;
 		break;
@@ -191,9 +196,12 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &fake, sizeof(fake)))
 			return NG_ERR_RUNTIME;
 	}
-	cudaDataType_t in_t = sp->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF; /* A = W, B = inp */
-	if (NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->a, in_t, ar, ac, (int64_t)ar)) ||
-	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->b, in_t, br, bc, (int64_t)br)) ||
+	/* FWD: A = W, B = inp, both E4M3; DINP: A = W^T in E4M3, B = dout in E5M2 */
+	cudaDataType_t a_t = sp->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+	cudaDataType_t b_t = !sp->fp8 ? CUDA_R_16BF
+			     : sp->kind == NG_MATMUL_DINP ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+	if (NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->a, a_t, ar, ac, (int64_t)ar)) ||
+	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->b, b_t, br, bc, (int64_t)br)) ||
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->c, dt, (uint64_t)mm->m, (uint64_t)mm->n,
 						       mm->m)) ||
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->d, dt, (uint64_t)mm->m, (uint64_t)mm->n,

@@ -113,9 +113,10 @@ struct ng_matmul_spec {
 	int bias;       /* FWD: add bias (OC) bf16; DW: also produce dbias (OC) fp32 */
 	int accumulate; /* DW only: dW and dbias "+=" (beta = 1) instead of "=" */
 	int autotune;   /* time the heuristic's top candidates at plan time, keep the fastest */
-	int fp8;        /* FWD only: inp and W are E4M3 bytes (kernels/fp8.h), each with a device
-	                 * descale (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC
-	                 * multiples of 16; needs an FP8 GPU (sm_89 / sm_90) */
+	int fp8;        /* FWD: inp and W are E4M3 bytes (kernels/fp8.h); DINP: dout is E5M2 and
+	                 * W comes as its transpose (IC, OC) in E4M3; each with a device descale
+	                 * (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC multiples
+	                 * of 16; needs an FP8 GPU (sm_89 / sm_90); not DW */
 };
 
 /* A planned matmul; every descriptor lives until ng_matmul_free(). */
@@ -168,8 +169,9 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 			     const void *bias, void *aux, void *dbias, void *workspace,
 			     cudaStream_t s);
 
-/* Run an fp8 plan: a = inp (N, IC) E4M3, b = W (OC, IC) E4M3, out = a_descale * b_descale *
- * (a @ b^T) (+ bias) (GELU), bf16. The descales are device floats (kernels/fp8.h), read when
+/* Run an fp8 plan. FWD: a = inp (N, IC) E4M3, b = W (OC, IC) E4M3, out = a_descale *
+ * b_descale * (a @ b^T) (+ bias) (GELU), bf16. DINP: a = dout (N, OC) E5M2, b = W^T (IC, OC)
+ * E4M3, out (N, IC) = a_descale * b_descale * (a @ b^T) (DGELU with aux), bf16. The descales are device floats (kernels/fp8.h), read when
  * the matmul runs, so a captured graph follows their updates; each must be 16-byte aligned
  * (cuBLASLt answers CUBLAS_STATUS_NOT_SUPPORTED otherwise). Other pointers as ng_matmul_run. */
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,

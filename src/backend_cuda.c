@@ -60,6 +60,18 @@ static enum ng_status cu_save_state(void *ctx, struct ng_train_state *s, float *
 		return st;
 	}
 	memcpy(*params32, s->params, g->lay.total * sizeof(float));
+	if (g->t_fp8_state >= 0) { /* --fp8: the scales and their history, for an exact resume */
+		s->n_fp8 = g->tensors[g->t_fp8_state].bytes / sizeof(float);
+		s->fp8 = malloc(s->n_fp8 * sizeof(float));
+		st = s->fp8 ? ng_exec_download(e, g->t_fp8_state, s->fp8)
+			    : ng_fail(NG_ERR_RUNTIME, "out of host memory for a checkpoint");
+		if (st) {
+			free(*params32);
+			*params32 = NULL;
+			ng_ckpt_state_free(s);
+			return st;
+		}
+	}
 	return NG_OK;
 }
 
@@ -70,12 +82,19 @@ static enum ng_status cu_load_state(void *ctx, const struct ng_train_state *s)
 	if (s->n != n)
 		return ng_fail(NG_ERR_INPUT, "training state has %zu parameters, the model %zu",
 			       s->n, n);
-	if (e->train.fp8 && e->cfg.rank == 0)
-		fprintf(stderr, "note: --fp8: the FP8 scales restart from this step (they are not in "
-			"the checkpoint), so the resumed run follows an uninterrupted one within FP8 "
-			"rounding, not bit for bit\n");
-	if (s->elem_size == 4)
-		return ng_exec_restore(e, s->params, s->m, s->v, s->step, s->n_skipped);
+	const struct ng_graph *g = &e->train;
+	int fp8_same = g->t_fp8_state >= 0 && s->fp8 &&
+		       s->n_fp8 * sizeof(float) == g->tensors[g->t_fp8_state].bytes;
+	if (g->fp8 && !fp8_same && e->cfg.rank == 0)
+		fprintf(stderr, "note: --fp8: the FP8 scales restart from this step (the checkpoint "
+			"has none for this model), so the resumed run follows an uninterrupted one "
+			"within FP8 rounding, not bit for bit\n");
+	if (s->elem_size == 4) {
+		enum ng_status st = ng_exec_restore(e, s->params, s->m, s->v, s->step, s->n_skipped);
+		if (!st && fp8_same) /* restore zeroed them; the checkpoint's continue the run */
+			st = ng_exec_upload(e, g->t_fp8_state, s->fp8);
+		return st;
+	}
 	/* a state from the CPU reference (double): narrowed to the GPU's fp32 master copy */
 	float *f = malloc(3 * n * sizeof(float));
 	if (!f)

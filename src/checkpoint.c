@@ -261,10 +261,11 @@ enum ng_status ng_ckpt_write_model(const char *path, const struct ng_gpt_config 
 enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state *s)
 {
 	const char *dt = s->elem_size == 8 ? "F64" : "F32";
-	struct out_tensor t[3] = {
+	struct out_tensor t[4] = {
 		{ "params", dt, 1, { s->n, 1 }, s->params, s->n * (size_t)s->elem_size },
 		{ "adam_m", dt, 1, { s->n, 1 }, s->m, s->n * (size_t)s->elem_size },
 		{ "adam_v", dt, 1, { s->n, 1 }, s->v, s->n * (size_t)s->elem_size },
+		{ "fp8_state", "F32", 1, { s->n_fp8, 1 }, s->fp8, s->n_fp8 * sizeof(float) },
 	};
 	json_t *meta = json_object();
 	json_object_set_new(meta, "nanograph_state", json_string("1"));
@@ -285,7 +286,7 @@ enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state
 	meta_set(meta, "pos_windows", s->pos.windows);
 	meta_set(meta, "pos_epoch", s->pos.epoch);
 	meta_set(meta, "pos_batch", s->pos.batch);
-	return write_safetensors(path, t, 3, meta);
+	return write_safetensors(path, t, s->fp8 && s->n_fp8 ? 4 : 3, meta);
 }
 
 enum ng_status ng_ckpt_state_alloc(struct ng_train_state *s, int elem_size, size_t n)
@@ -308,7 +309,10 @@ void ng_ckpt_state_free(struct ng_train_state *s)
 	free(s->params);
 	free(s->m);
 	free(s->v);
+	free(s->fp8);
 	s->params = s->m = s->v = NULL;
+	s->fp8 = NULL;
+	s->n_fp8 = 0;
 }
 
 void ng_ckpt_path(char *out, size_t n, const char *dir, const char *kind, long long step)

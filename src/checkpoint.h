@@ -54,6 +54,9 @@ struct ng_train_state {
 	size_t n;                    /* elements per buffer: the flat layout's total */
 	void *params;                /* (n) master weights, flat layout of graph/gpt.h */
 	void *m, *v;                 /* (n) AdamW moments */
+	float *fp8;                  /* --fp8: the scales' state (graph/step.h "FP8", rank 0's),
+	                              * tensor "fp8_state"; NULL and 0 without */
+	size_t n_fp8;
 };
 
 /* Allocate params/m/v for n elements of elem_size bytes (zeroed). */

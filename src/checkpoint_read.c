@@ -397,6 +397,20 @@ enum ng_status ng_ckpt_read_state(const char *path, struct ng_train_state *s)
 	void *dst[3] = { s->params, s->m, s->v };
 	for (int i = 0; i < 3; i++)
 		memcpy(dst[i], f.data + t[i]->begin, t[i]->end - t[i]->begin);
+	const struct in_tensor *t8 = in_find(&f, "fp8_state"); /* --fp8 runs only */
+	if (t8) {
+		if (t8->ndim != 1 || strcmp(t8->dtype, "F32") != 0 || t8->shape[0] == 0) {
+			st = bad(path, "tensor fp8_state is not a 1-D F32 tensor");
+			goto out;
+		}
+		s->n_fp8 = t8->shape[0];
+		s->fp8 = malloc(s->n_fp8 * sizeof(float));
+		if (!s->fp8) {
+			st = ng_fail(NG_ERR_RUNTIME, "out of host memory for %s", path);
+			goto out;
+		}
+		memcpy(s->fp8, f.data + t8->begin, s->n_fp8 * sizeof(float));
+	}
 out:
 	if (st)
 		ng_ckpt_state_free(s);

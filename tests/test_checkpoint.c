@@ -167,6 +167,12 @@ Test(checkpoint, state_round_trip_bit_exact)
 				else
 					((float *)buf[k])[i] = (float)x;
 			}
+		if (elem == 4) { /* a --fp8 run's scales travel as the optional "fp8_state" */
+			s.n_fp8 = 1 + ng_rng_below(&r, 5000);
+			s.fp8 = malloc(s.n_fp8 * sizeof(float));
+			for (size_t i = 0; i < s.n_fp8; i++)
+				s.fp8[i] = (float)ng_rng_normal(&r);
+		}
 		char path[512];
 		snprintf(path, sizeof(path), "%s/s%d.safetensors", ng_test_dir, elem);
 		cr_assert_eq(ng_ckpt_write_state(path, &s), NG_OK, "%s", ng_error_message());
@@ -181,6 +187,10 @@ Test(checkpoint, state_round_trip_bit_exact)
 			  memcmp(t.v, s.v, lay.total * elem) == 0,
 			  "state buffers differ (elem %d, seed %llu)", elem,
 			  (unsigned long long)seed);
+		cr_assert_eq(t.n_fp8, s.n_fp8, "fp8_state: %zu floats read, %zu written", t.n_fp8,
+			     s.n_fp8);
+		cr_assert(s.fp8 ? t.fp8 && memcmp(t.fp8, s.fp8, s.n_fp8 * sizeof(float)) == 0
+				: t.fp8 == NULL, "fp8_state differs (elem %d)", elem);
 		ng_ckpt_state_free(&s);
 		ng_ckpt_state_free(&t);
 	}

@@ -52,29 +52,35 @@ static uint16_t f_bf16_(float f) /* nearest even; finite inputs */
 	return (uint16_t)(u >> 16);
 }
 
-/* E4M3 byte of x: nearest even, saturated to +-448, NaN -> 0x7f (S.1111.111). */
-static uint8_t e4m3_encode_(float x)
+/* The byte of x in an FP8 format of `mb` mantissa bits and exponent bias `bias`: nearest even,
+ * saturated to +-maxv (byte maxbyte), NaN -> 0x7f (a NaN in both formats). */
+static uint8_t fp8_encode_(float x, int mb, int bias, double maxv, uint8_t maxbyte)
 {
 	if (isnan(x))
 		return 0x7f;
 	uint8_t sign = signbit(x) ? 0x80 : 0;
 	double a = fabs((double)x);
-	if (a >= 448.0)
-		return sign | 0x7e;
+	if (a >= maxv)
+		return sign | maxbyte;
 	if (a == 0.0)
 		return sign;
-	int e;
+	int e, emin = 1 - bias; /* the smallest normal exponent */
 	frexp(a, &e); /* a = f 2^e, f in [0.5, 1): the leading bit is 2^(e-1) */
-	double q = e - 1 < -6 ? ldexp(1.0, -9) : ldexp(1.0, e - 1 - 3);
+	double q = e - 1 < emin ? ldexp(1.0, emin - mb) : ldexp(1.0, e - 1 - mb);
 	double r = nearbyint(a / q) * q; /* ties to even: the default rounding mode */
 	if (r == 0.0)
 		return sign;
+	if (r >= maxv)
+		return sign | maxbyte;
 	frexp(r, &e);
-	if (e - 1 < -6)
-		return sign | (uint8_t)(r / ldexp(1.0, -9));
-	int mant = (int)(r / ldexp(1.0, e - 1 - 3)) - 8;
-	return sign | (uint8_t)((e - 1 + 7) << 3) | (uint8_t)mant;
+	if (e - 1 < emin)
+		return sign | (uint8_t)(r / ldexp(1.0, emin - mb));
+	int mant = (int)(r / ldexp(1.0, e - 1 - mb)) - (1 << mb);
+	return sign | (uint8_t)((e - 1 + bias) << mb) | (uint8_t)mant;
 }
+
+/* E4M3 (activations, weights): 4 exponent bits (bias 7), 3 mantissa; +-448; S.1111.111 NaN. */
+static uint8_t e4m3_encode_(float x) { return fp8_encode_(x, 3, 7, 448.0, 0x7e); }
 
 static double e4m3_decode_(uint8_t b)
 {
@@ -82,6 +88,18 @@ static double e4m3_decode_(uint8_t b)
 	if (exp == 15 && mant == 7)
 		return NAN;
 	double v = exp == 0 ? ldexp(mant, -9) : ldexp(8 + mant, exp - 7 - 3);
+	return b & 0x80 ? -v : v;
+}
+
+/* E5M2 (gradients): 5 exponent bits (bias 15), 2 mantissa; +-57344 (saturated; finite x). */
+static uint8_t e5m2_encode_(float x) { return fp8_encode_(x, 2, 15, 57344.0, 0x7b); }
+
+static double e5m2_decode_(uint8_t b)
+{
+	int exp = (b >> 2) & 31, mant = b & 3;
+	if (exp == 31)
+		return mant ? NAN : (b & 0x80 ? -INFINITY : INFINITY);
+	double v = exp == 0 ? ldexp(mant, -16) : ldexp(4 + mant, exp - 15 - 2);
 	return b & 0x80 ? -v : v;
 }
 
@@ -297,6 +315,198 @@ Test(fp8, roll_scales_history)
 	cudaFree(bs);
 }
 
+/* Maxima whose scale 448 / (2^margin amax) is not a finite positive float (a denormal-small
+ * maximum, one near FLT_MAX with margin 1) get scale 1, as 0 and NaN do: never 0 or Inf, whose
+ * products with zeros would be NaN. */
+Test(fp8, scale_extremes_are_one)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	float am[4] = { 1e-38f, 3e38f, 0.0f, 2.0f }, want[4] = { 1.0f, 1.0f, 1.0f, 112.0f };
+	void *bs;
+	float *d = dev_(&bs, 64 * sizeof(float), 0); /* amax, scale, descales 16 bytes apart */
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d, am, sizeof(am), cudaMemcpyHostToDevice)));
+	cr_assert_eq(ng_fp8_scale_seg(d + 4, d + 8, d, 4, 1, 0), NG_OK, "%s", ng_error_message());
+	float h[24];
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost)));
+	for (int k = 0; k < 4; k++) {
+		cr_expect_eq(h[4 + k], want[k], "amax %g: scale %g, want %g", am[k], h[4 + k],
+			     want[k]);
+		cr_expect_eq(h[8 + NG_FP8_DESCALE_STRIDE * k], 1.0f / want[k]);
+	}
+	cudaFree(bs);
+}
+
+/* The matmul rule: max |gpu - fp64| <= 2 x max |naive fp32 - fp64| + 2^-10 of the largest
+ * |fp64|, over n outputs (bf16 on the GPU, the naive loop already rounded to bf16). */
+static void expect_rule_(const uint16_t *g, const double *rf, const float *nvp, size_t n,
+			 const char *what, uint64_t seed)
+{
+	double ek = 0, en = 0, big = 0;
+	size_t worst = 0;
+	for (size_t i = 0; i < n; i++) {
+		double a = fabs(bf16_f_(g[i]) - rf[i]), b = fabs(nvp[i] - rf[i]);
+		if (!(a <= ek)) {
+			ek = isnan(a) ? INFINITY : a;
+			worst = i;
+		}
+		en = fmax(en, b);
+		big = fmax(big, fabs(rf[i]));
+	}
+	double atol = big / 1024;
+	cr_expect(ek <= 2 * en + atol, "%s (seed %llu): max abs err %.3g > 2 x naive %.3g + atol "
+		  "%.3g (worst %zu: gpu %.6g ref %.6g)", what, (unsigned long long)seed, ek, en,
+		  atol, worst, (double)bf16_f_(g[worst]), rf[worst]);
+}
+
+/* E5M2: the codec round-trips every finite byte; the GPU cast (a gradient's format) matches
+ * it byte for byte over ~40 binades, saturating at 57344; the transposing E4M3 cast of three
+ * 40 x 56 segments (tiles cut by the edges) matches the CPU encoder of the transpose. */
+Test(fp8, e5m2_and_transposed_casts_exact)
+{
+	for (int b = 0; b < 256; b++) {
+		double v = e5m2_decode_((uint8_t)b);
+		if (!isfinite(v))
+			continue;
+		uint8_t back = e5m2_encode_((float)v);
+		cr_assert(back == b || (v == 0 && (back & 0x7f) == 0), "E5M2 0x%02x -> %g -> 0x%02x",
+			  b, v, back);
+	}
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = seed_now_();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	enum { N = 20011, S = 3, R = 40, CC = 56 };
+	static uint16_t h[N], ht[S * R * CC];
+	static uint8_t got[N], gt[S * R * CC];
+	for (int i = 0; i < N; i++)
+		h[i] = f_bf16_((float)(ng_rng_normal(&r) *
+				       ldexp(1.0, (int)ng_rng_below(&r, 41) - 24)));
+	for (int i = 0; i < S * R * CC; i++)
+		ht[i] = f_bf16_((float)ng_rng_normal(&r));
+	void *bi, *bo, *bs, *bti, *bto;
+	uint16_t *din = dev_(&bi, sizeof(h), 0), *dti = dev_(&bti, sizeof(ht), 0);
+	uint8_t *dout = dev_(&bo, sizeof(got), 0), *dto = dev_(&bto, sizeof(gt), 0);
+	float sc[S] = { 3.0f, 100.0f, 0.5f }, *dsc = dev_(&bs, sizeof(sc), 0);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, sizeof(h), cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dti, ht, sizeof(ht), cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dsc, sc, sizeof(sc), cudaMemcpyHostToDevice)));
+	cr_assert_eq(ng_fp8_cast_seg(NG_FP8_E5M2, dout, din, dsc, NULL, N, 1, 0), NG_OK, "%s",
+		     ng_error_message());
+	cr_assert_eq(ng_fp8_cast_e4m3_t_seg(dto, dti, dsc, R, CC, S, 0), NG_OK, "%s",
+		     ng_error_message());
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(got, dout, sizeof(got), cudaMemcpyDeviceToHost)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(gt, dto, sizeof(gt), cudaMemcpyDeviceToHost)));
+	size_t bad = 0, badt = 0;
+	for (int i = 0; i < N; i++)
+		if (got[i] != e5m2_encode_(bf16_f_(h[i]) * sc[0]) && bad++ < 5)
+			cr_log_error("seed %llu E5M2 i=%d x=%a: gpu 0x%02x cpu 0x%02x",
+				     (unsigned long long)seed, i, (double)bf16_f_(h[i]), got[i],
+				     e5m2_encode_(bf16_f_(h[i]) * sc[0]));
+	for (int k = 0; k < S; k++)
+		for (int rr = 0; rr < R; rr++)
+			for (int c = 0; c < CC; c++) {
+				size_t src = ((size_t)k * R + rr) * CC + c;
+				size_t dst = ((size_t)k * CC + c) * R + rr;
+				badt += gt[dst] != e4m3_encode_(bf16_f_(ht[src]) * sc[k]);
+			}
+	cr_expect_eq(bad, 0, "seed %llu: %zu of %d E5M2 bytes differ", (unsigned long long)seed,
+		     bad, N);
+	cr_expect_eq(badt, 0, "seed %llu: %zu transposed E4M3 bytes differ",
+		     (unsigned long long)seed, badt);
+	cudaFree(bi), cudaFree(bo), cudaFree(bs), cudaFree(bti), cudaFree(bto);
+}
+
+/* One fp8 DINP matmul: dinp (N, IC) = dout (N, OC, E5M2) @ W (OC, IC, given as W^T in E4M3),
+ * times both descales, DGELU'd by aux when gelu; against the fp64 and naive fp32 loops over the
+ * same decoded inputs (the rule of matmul_case_ below). */
+static void dinp_case_(int N, int IC, int OC, int gelu)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = seed_now_();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t dn = (size_t)N * OC, wn = (size_t)OC * IC, on = (size_t)N * IC;
+	uint8_t *dq = malloc(dn), *wtq = malloc(wn);
+	uint16_t *auxh = malloc(on * 2);
+	double *dd = malloc(dn * 8), *wd = malloc(wn * 8), *auxd = malloc(on * 8);
+	float ds = 57344.0f / 4.5f, wsc = 448.0f / (4.5f / sqrtf((float)OC));
+	for (size_t i = 0; i < dn; i++) {
+		dq[i] = e5m2_encode_((float)ng_rng_normal(&r) * ds);
+		dd[i] = e5m2_decode_(dq[i]);
+	}
+	for (int o = 0; o < OC; o++) /* W[o][i] lives at W^T[i][o] */
+		for (int i = 0; i < IC; i++) {
+			uint8_t q = e4m3_encode_((float)(ng_rng_normal(&r) / sqrt(OC)) * wsc);
+			wtq[(size_t)i * OC + o] = q;
+			wd[(size_t)o * IC + i] = e4m3_decode_(q);
+		}
+	for (size_t i = 0; i < on; i++) {
+		auxh[i] = f_bf16_((float)ng_rng_normal(&r));
+		auxd[i] = bf16_f_(auxh[i]);
+	}
+	float dsc[2] = { 1.0f / ds, 1.0f / wsc };
+	double *ref = malloc(on * 8);
+	float *nv = malloc(on * 4);
+	for (int n = 0; n < N; n++)
+		for (int i = 0; i < IC; i++) {
+			double acc = 0;
+			float accf = 0;
+			for (int o = 0; o < OC; o++) {
+				double p = dd[(size_t)n * OC + o] * wd[(size_t)o * IC + i];
+				acc += p;
+				accf += (float)p;
+			}
+			size_t j = (size_t)n * IC + i;
+			ref[j] = acc * dsc[0] * dsc[1];
+			nv[j] = accf * dsc[0] * dsc[1];
+			if (gelu) {
+				double g, gf, nvd = nv[j]; /* the epilogue sees the fp32 sum */
+				ng_ref_gelu_bwd(&g, &auxd[j], &ref[j], 1);
+				ng_ref_gelu_bwd(&gf, &auxd[j], &nvd, 1);
+				ref[j] = g;
+				nv[j] = (float)gf;
+			}
+			nv[j] = bf16_f_(f_bf16_(nv[j]));
+		}
+	struct ng_matmul_ctx ctx;
+	struct ng_matmul mm;
+	struct ng_matmul_spec sp = { NG_MATMUL_DINP, N, IC, OC, gelu, 0, 0, 0, 1 };
+	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
+	if (ng_matmul_plan(&mm, &ctx, &sp))
+		cr_assert_fail("seed %llu: %s", (unsigned long long)seed, ng_error_message());
+	void *bd, *bw, *bo, *ba, *bs, *bws;
+	void *d_d = dev_(&bd, dn, 0), *d_w = dev_(&bw, wn, 0), *d_o = dev_(&bo, on * 2, 0);
+	void *d_a = dev_(&ba, on * 2, 0);
+	float *d_s = dev_(&bs, 32, 0);
+	void *dws = mm.workspace_need ? dev_(&bws, mm.workspace_need, 0) : (bws = NULL);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_d, dq, dn, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_w, wtq, wn, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_a, auxh, on * 2, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_s, &dsc[0], 4, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_s + 4, &dsc[1], 4, cudaMemcpyHostToDevice)));
+	cr_assert_eq(ng_matmul_run_fp8(&mm, d_o, d_d, d_w, NULL, gelu ? d_a : NULL, d_s, d_s + 4,
+				       dws, 0), NG_OK, "%s", ng_error_message());
+	uint16_t *go = malloc(on * 2);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(go, d_o, on * 2, cudaMemcpyDeviceToHost)));
+	char what[96];
+	snprintf(what, sizeof(what), "dinp N=%d IC=%d OC=%d gelu %d", N, IC, OC, gelu);
+	expect_rule_(go, ref, nv, on, what, seed);
+	ng_matmul_free(&mm);
+	ng_matmul_ctx_free(&ctx);
+	void *bufs[] = { bd, bw, bo, ba, bs, bws };
+	for (int i = 0; i < 6; i++)
+		if (bufs[i])
+			cudaFree(bufs[i]);
+	free(dq), free(wtq), free(auxh), free(dd), free(wd), free(auxd), free(ref), free(nv);
+	free(go);
+}
+
+Test(fp8, dinp_e5m2_dout) { dinp_case_(96, 4 * 784, 784, 0); }
+Test(fp8, dinp_dgelu) { dinp_case_(64, 784, 3 * 784, 1); }
+
 /* One FWD fp8 matmul against the fp64 and naive fp32 loops over the same E4M3 inputs. */
 static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 {
@@ -389,25 +599,10 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 	if (gelu)
 		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ga, daux, on * 2, cudaMemcpyDeviceToHost)));
 	for (int pass = 0; pass < 1 + gelu; pass++) {
-		const double *rf = pass ? pre : ref;
-		const float *nvp = pass ? nv_pre : nv;
-		const uint16_t *g = pass ? ga : go;
-		double ek = 0, en = 0, big = 0;
-		size_t worst = 0;
-		for (size_t i = 0; i < on; i++) {
-			double a = fabs(bf16_f_(g[i]) - rf[i]), b = fabs(nvp[i] - rf[i]);
-			if (!(a <= ek)) {
-				ek = isnan(a) ? INFINITY : a;
-				worst = i;
-			}
-			en = fmax(en, b);
-			big = fmax(big, fabs(rf[i]));
-		}
-		double atol = big / 1024;
-		cr_expect(ek <= 2 * en + atol, "%s N=%d IC=%d OC=%d gelu %d bias %d (seed %llu): max abs "
-			  "err %.3g > 2 x naive %.3g + atol %.3g (worst %zu: gpu %.6g ref %.6g)",
-			  pass ? "aux" : "out", N, IC, OC, gelu, bias, (unsigned long long)seed, ek,
-			  en, atol, worst, (double)bf16_f_(g[worst]), rf[worst]);
+		char what[96];
+		snprintf(what, sizeof(what), "%s N=%d IC=%d OC=%d gelu %d bias %d",
+			 pass ? "aux" : "out", N, IC, OC, gelu, bias);
+		expect_rule_(pass ? ga : go, pass ? pre : ref, pass ? nv_pre : nv, on, what, seed);
 	}
 	ng_matmul_free(&mm);
 	ng_matmul_ctx_free(&ctx);

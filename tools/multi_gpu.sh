@@ -133,6 +133,7 @@ fi
 
 want w2_resume && resume_check w2_resume
 want w2_resume_zero1 && resume_check w2_resume_zero1 --zero1
+want w2_resume_fp8 && resume_check w2_resume_fp8 --fp8
 
 python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
 import json, sys, os
