@@ -289,6 +289,39 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows,
 	return st;
 }
 
+/* Data parallelism: every rank timed the choices on its own GPU and may have come out
+ * differently (a toss-up like attproj at d24), which would mix precisions in the averaged
+ * gradient and make runs unrepeatable. The ranks vote: fused DGELU and each fp8 kind are kept
+ * only where every rank chose them (a sum of 0/1 votes over NCCL, at init, outside the step). */
+static enum ng_status agree_choices(struct ng_exec *e, int *fuse, int *mask)
+{
+	if (!e->cfg.comm || e->cfg.world < 2)
+		return NG_OK;
+	float v[6], *d = NULL;
+	v[0] = *fuse ? 1.0f : 0.0f;
+	for (int k = 0; k < 5; k++)
+		v[1 + k] = (*mask >> k) & 1 ? 1.0f : 0.0f;
+	enum ng_status st = NG_CUDA_CHECK(cudaMalloc((void **)&d, sizeof(v)));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, e->stream));
+	if (!st)
+		st = ng_collective_allreduce_sum_f32(e->cfg.comm, d, 6, e->stream);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(v, d, sizeof(v), cudaMemcpyDeviceToHost, e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	if (d)
+		cudaFree(d);
+	if (st)
+		return st;
+	float all = (float)e->cfg.world - 0.5f; /* sums of 0/1 are exact */
+	*fuse = v[0] > all;
+	for (int k = 0; k < 5; k++)
+		if (!(v[1 + k] > all))
+			*mask &= ~(1 << k);
+	return NG_OK;
+}
+
 /* The bytes op's scratch tensor must have, from the real plans. */
 static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, const struct ng_op *op,
 			   int plan)
@@ -844,6 +877,13 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 		st = choose_fp8(e, (opt.fuse_gelu & NG_GELU_FUSE_FWD) != 0, e->train.head_chunk_rows,
 				&mask);
 		opt.fp8 = mask | NG_FP8_AUTO;
+	}
+	if (!st && !opt.deterministic &&
+	    ((opt.fuse_gelu & NG_GELU_FUSE_AUTO) || (opt.fp8 & NG_FP8_AUTO))) {
+		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0, mask = opt.fp8 & NG_FP8_ALL;
+		st = agree_choices(e, &fuse, &mask);
+		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
+		opt.fp8 = (opt.fp8 & ~NG_FP8_ALL) | mask;
 	}
 	if (!st && (opt.fuse_gelu != built.fuse_gelu || opt.fp8 != built.fp8)) {
 		ng_graph_free(&e->train);
