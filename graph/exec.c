@@ -71,6 +71,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 		s.fp8 = op->fp8;
 	} else if (op->kind == NG_OP_MATMUL_DINP) {
 		s.kind = NG_MATMUL_DINP;
+		s.fp8 = op->fp8;
 	} else {
 		s.kind = NG_MATMUL_DW;
 		s.gelu = 0;
@@ -188,13 +189,21 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 	return NG_OK;
 }
 
-/* --fp8 (AUTO): for each kind of forward matmul, at the step's shape, the bf16 matmul against
- * the fp8 matmul plus the E4M3 cast of its input where the step casts it (attproj, fcproj; a
- * LayerNorm writes the others' E4M3 input), median of 9 interleaved runs after 2 warm-ups, on
- * scratch filled with a constant; a kind stays fp8 only where that is faster.
- * The cast costs 3 bytes an input element, so an output narrower than about C = 800 loses what
- * the fp8 rate wins (kernels of GPU.md's rates). Plans stay in e->plans. */
-static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows, int *mask)
+/* The NG_FP8_* bit of e->fp8_ms's row k: forward kinds 0-4, then the dinp of kinds 0-3. */
+static int fp8_kind_bit(int k)
+{
+	return k < 5 ? 1 << k : 1 << (k - 5 + NG_FP8_DINP_SHIFT);
+}
+
+/* --fp8 (AUTO): for each kind of fp8 matmul in *mask (graph/step.h: the five forward kinds,
+ * then the four layer dinp kinds), at the step's shape, the bf16 matmul against the fp8 matmul
+ * plus the cast of its input where the step casts it (forward attproj and fcproj to E4M3; every
+ * dinp's dout to E5M2; a LayerNorm writes the other forward inputs), median of 9 interleaved
+ * runs after 2 warm-ups, on scratch filled with a constant; a kind stays fp8 only where that is
+ * faster. The cast costs 3 bytes an input element, so an output narrower than about C = 800
+ * loses what the fp8 rate wins (kernels of GPU.md's rates). Plans stay in e->plans. */
+static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int fuse_bwd, int head_rows,
+				 int *mask)
 {
 	enum { WARM = 2, REPS = 9 };
 	const struct ng_gpt_config *m = &e->cfg.model;
@@ -202,17 +211,21 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows,
 						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ,
 						   NG_OP_WHICH_HEAD };
 	enum ng_status st = NG_OK;
-	for (int k = 0; k < 5 && !st; k++) {
+	for (int k = 0; k < NG_EXEC_FP8_KINDS && !st; k++) {
 		e->fp8_ms[k][0] = e->fp8_ms[k][1] = -1.0f;
-		if (!(*mask & ng_fp8_bit(kinds[k])))
+		const int dinp = k >= 5;
+		const enum ng_op_which w = kinds[dinp ? k - 5 : k];
+		const int bit = fp8_kind_bit(k);
+		if (!(*mask & bit))
 			continue;
-		struct ng_matmul_spec s = { .kind = NG_MATMUL_FWD, .autotune = e->cfg.autotune };
-		linear_dims(m, kinds[k], &s.IC, &s.OC);
-		s.N = kinds[k] == NG_OP_WHICH_HEAD ? head_rows : e->cfg.B * e->cfg.T;
-		s.bias = kinds[k] != NG_OP_WHICH_HEAD;
-		s.gelu = kinds[k] == NG_OP_WHICH_FC && fuse_fwd;
+		struct ng_matmul_spec s = { .kind = dinp ? NG_MATMUL_DINP : NG_MATMUL_FWD,
+					    .autotune = e->cfg.autotune };
+		linear_dims(m, w, &s.IC, &s.OC);
+		s.N = w == NG_OP_WHICH_HEAD ? head_rows : e->cfg.B * e->cfg.T;
+		s.bias = !dinp && w != NG_OP_WHICH_HEAD;
+		s.gelu = dinp ? w == NG_OP_WHICH_FCPROJ && fuse_bwd : w == NG_OP_WHICH_FC && fuse_fwd;
 		/* a LayerNorm writes the E4M3 input of these (1 more byte an element): no cast */
-		int ln_fed = kinds[k] != NG_OP_WHICH_ATTPROJ && kinds[k] != NG_OP_WHICH_FCPROJ;
+		int cast = dinp || (w == NG_OP_WHICH_ATTPROJ || w == NG_OP_WHICH_FCPROJ);
 		int plan[2] = { 0, 0 };
 		st = plan_spec(e, s, &plan[0]);
 		s.fp8 = 1;
@@ -220,7 +233,8 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows,
 			st = plan_spec(e, s, &plan[1]);
 		if (st)
 			break;
-		size_t n_in = (size_t)s.N * s.IC, n_out = (size_t)s.N * s.OC, n_w = (size_t)s.OC * s.IC;
+		size_t n_in = (size_t)s.N * (dinp ? s.OC : s.IC);
+		size_t n_out = (size_t)s.N * (dinp ? s.IC : s.OC), n_w = (size_t)s.OC * s.IC;
 		size_t ws = e->plans[plan[0]].mm.workspace_need;
 		if (e->plans[plan[1]].mm.workspace_need > ws)
 			ws = e->plans[plan[1]].mm.workspace_need;
@@ -256,10 +270,11 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows,
 				if (!st && v == 0)
 					st = ng_matmul_run(mm, buf + at[4], buf + at[0], buf + at[2], bias,
 							   aux, NULL, wsp, e->stream);
-				if (!st && v == 1 && !ln_fed)
-					st = ng_fp8_cast_e4m3_seg((uint8_t *)(buf + at[1]),
-								  (const ng_bf16 *)(buf + at[0]), sc,
-								  sc + 1, n_in, 1, e->stream);
+				if (!st && v == 1 && cast)
+					st = ng_fp8_cast_seg(dinp ? NG_FP8_E5M2 : NG_FP8_E4M3,
+							     (uint8_t *)(buf + at[1]),
+							     (const ng_bf16 *)(buf + at[0]), sc, sc + 1,
+							     n_in, 1, e->stream);
 				if (!st && v == 1)
 					st = ng_matmul_run_fp8(mm, buf + at[4], buf + at[1], buf + at[3],
 							       bias, aux, sc + 4, sc + 8, wsp,
@@ -284,7 +299,7 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int head_rows,
 			e->fp8_ms[k][v] = ms[v][REPS / 2];
 		}
 		if (e->fp8_ms[k][1] >= e->fp8_ms[k][0])
-			*mask &= ~ng_fp8_bit(kinds[k]);
+			*mask &= ~bit;
 	}
 	return st;
 }
@@ -297,15 +312,16 @@ static enum ng_status agree_choices(struct ng_exec *e, int *fuse, int *mask)
 {
 	if (!e->cfg.comm || e->cfg.world < 2)
 		return NG_OK;
-	float v[6], *d = NULL;
+	enum { NV = 1 + NG_EXEC_FP8_KINDS };
+	float v[NV], *d = NULL;
 	v[0] = *fuse ? 1.0f : 0.0f;
-	for (int k = 0; k < 5; k++)
-		v[1 + k] = (*mask >> k) & 1 ? 1.0f : 0.0f;
+	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
+		v[1 + k] = *mask & fp8_kind_bit(k) ? 1.0f : 0.0f;
 	enum ng_status st = NG_CUDA_CHECK(cudaMalloc((void **)&d, sizeof(v)));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, e->stream));
 	if (!st)
-		st = ng_collective_allreduce_sum_f32(e->cfg.comm, d, 6, e->stream);
+		st = ng_collective_allreduce_sum_f32(e->cfg.comm, d, NV, e->stream);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemcpyAsync(v, d, sizeof(v), cudaMemcpyDeviceToHost, e->stream));
 	if (!st)
@@ -316,9 +332,9 @@ static enum ng_status agree_choices(struct ng_exec *e, int *fuse, int *mask)
 		return st;
 	float all = (float)e->cfg.world - 0.5f; /* sums of 0/1 are exact */
 	*fuse = v[0] > all;
-	for (int k = 0; k < 5; k++)
+	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 		if (!(v[1 + k] > all))
-			*mask &= ~(1 << k);
+			*mask &= ~fp8_kind_bit(k);
 	return NG_OK;
 }
 
@@ -330,6 +346,10 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 	int N = g->B * g->T;
 	switch (op->kind) {
 	case NG_OP_MATMUL_FWD: case NG_OP_MATMUL_DINP: case NG_OP_MATMUL_DW:
+		if (op->fp8 && op->kind == NG_OP_MATMUL_DINP) /* dout's E5M2 copy in front */
+			return e->plans[plan].mm.workspace_need +
+			       ng_fp8_input_bytes((size_t)op->row_count,
+						  (size_t)e->plans[plan].spec.OC);
 		return e->plans[plan].mm.workspace_need +
 		       (op->fp8 && op->n_in < 5 ? ng_fp8_input_bytes((size_t)op->row_count,
 								     (size_t)e->plans[plan].spec.IC)
@@ -403,13 +423,13 @@ static float *ln_fp8_field(const struct ng_exec *e, const struct ng_graph *g,
 	       (f == NG_FP8_ACT_AMAX ? (size_t)NG_FP8_AMAX_FLOATS * slot : slot);
 }
 
-/* --fp8 (graph/step.h "FP8"): roll the activation scales; cast every forward weight matrix with
- * its own current scale. 13 launches whatever the depth: each parameter block's L layers are
- * consecutive segments of one cast. */
+/* --fp8 (graph/step.h "FP8"): roll the activation (E4M3) and gradient (E5M2) scales; cast every
+ * fp8 weight matrix with its own current scale, and W^T for the fp8 dinp kinds. At most 18
+ * launches whatever the depth: each parameter block's L layers are consecutive segments. */
 static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 				   const struct ng_op *op, cudaStream_t s)
 {
-	const int L = g->cfg.L, S = ng_fp8_slots(L);
+	const int L = g->cfg.L, S = ng_fp8_slots(L), S4 = ng_fp8_fwd_slots(L);
 	float *f = ng_exec_tensor_(e, g, op->in[1]);
 	float *w_amax = f + ng_fp8_field_at(L, NG_FP8_W_AMAX);
 	float *w_scale = f + ng_fp8_field_at(L, NG_FP8_W_SCALE);
@@ -417,33 +437,54 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	_Static_assert(NG_FP8_ACT_AMAX_SUB == NG_FP8_AMAX_SUB &&
 			       NG_FP8_ACT_AMAX_STRIDE == NG_FP8_AMAX_STRIDE,
 		       "graph/step.h and kernels/fp8.h");
-	enum ng_status st = ng_fp8_roll_scales(f + ng_fp8_field_at(L, NG_FP8_HIST),
-					       f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX),
-					       NG_FP8_AMAX_SUB, NG_FP8_AMAX_STRIDE,
-					       f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE),
-					       f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE), S,
-					       NG_FP8_HISTORY, NG_FP8_ACT_MARGIN, s);
+	/* Data parallelism: each rank saw its own batch; the ranks share one scale a slot (the
+	 * maximum over ranks), as one process with the whole batch would, so every rank's state
+	 * is rank 0's, the one a checkpoint keeps. */
+	enum ng_status st = NG_OK;
+	if (e->cfg.comm && e->cfg.world > 1)
+		st = ng_collective_allreduce_max_f32(e->cfg.comm,
+						     f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX),
+						     (size_t)S * NG_FP8_AMAX_FLOATS, s);
+	for (int r = 0; r < 2 && !st; r++) { /* slots [0, S4) E4M3, [S4, S) E5M2 */
+		size_t at = r ? (size_t)S4 : 0;
+		st = ng_fp8_roll_scales_fmt(r ? NG_FP8_E5M2 : NG_FP8_E4M3,
+					    f + ng_fp8_field_at(L, NG_FP8_HIST) + at * NG_FP8_HISTORY,
+					    f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) +
+						    at * NG_FP8_AMAX_FLOATS,
+					    NG_FP8_AMAX_SUB, NG_FP8_AMAX_STRIDE,
+					    f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + at,
+					    f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) +
+						    at * NG_FP8_DESCALE_STRIDE,
+					    r ? S - S4 : S4, NG_FP8_HISTORY, NG_FP8_ACT_MARGIN, s);
+	}
 	if (!st)
-		st = NG_CUDA_CHECK(cudaMemsetAsync(w_amax, 0, (size_t)S * sizeof(float), s));
+		st = NG_CUDA_CHECK(cudaMemsetAsync(w_amax, 0, (size_t)S4 * sizeof(float), s));
+	/* NG_FP8_* bit i: forward kind i; bit i + NG_FP8_DINP_SHIFT: its dinp */
+	int wanted = (g->fp8 | g->fp8 >> NG_FP8_DINP_SHIFT) & NG_FP8_ALL;
 	for (int i = 0; i < 5 && !st; i++) {
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
 		int nseg = i < 4 ? L : 1;
-		if (!(g->fp8 & (1 << i))) /* NG_FP8_* bit i: kind i is not fp8 */
+		if (!(wanted & (1 << i)))
 			continue;
 		st = ng_fp8_amax_seg(w_amax + i * L, pp(e, g, op->in[0], ids[i], 0), p->numel / nseg,
 				     nseg, s);
 	}
 	if (!st)
-		st = ng_fp8_scale_seg(w_scale, f + ng_fp8_field_at(L, NG_FP8_W_DESCALE), w_amax, S, 0,
-				      s);
+		st = ng_fp8_scale_seg(w_scale, f + ng_fp8_field_at(L, NG_FP8_W_DESCALE), w_amax, S4,
+				      0, s);
 	for (int i = 0; i < 5 && !st; i++) {
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
 		int nseg = i < 4 ? L : 1;
-		if (!(g->fp8 & (1 << i)))
-			continue;
-		st = ng_fp8_cast_e4m3_seg(pp(e, g, op->out[0], ids[i], 0),
-					  pp(e, g, op->in[0], ids[i], 0), w_scale + i * L, NULL,
-					  p->numel / nseg, nseg, s);
+		if (g->fp8 & (1 << i))
+			st = ng_fp8_cast_e4m3_seg(pp(e, g, op->out[0], ids[i], 0),
+						  pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
+						  NULL, p->numel / nseg, nseg, s);
+		if (!st && i < 4 && (g->fp8 & (1 << (i + NG_FP8_DINP_SHIFT))))
+			st = ng_fp8_cast_e4m3_t_seg(
+				(uint8_t *)ng_exec_tensor_(e, g, op->out[2]) +
+					ng_fp8t_at(&g->lay, g->fp8, i),
+				pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
+				(int)p->shape[1], (int)p->shape[2], nseg, s);
 	}
 	return st;
 }
@@ -480,6 +521,36 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
 				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
 				 (char *)scratch + front, s);
+}
+
+/* An fp8 dinp matmul: dout to E5M2 at the front of the scratch (recording its maximum in the
+ * slot), then dinp = dout8 @ (W^T)8^T with both descales (the weight's is the forward slot's:
+ * FP8_PREP casts W and W^T with one scale). */
+static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_graph *g,
+					  const struct ng_op *op, const struct ng_matmul *mm,
+					  ng_bf16 *dinp, void *scratch, cudaStream_t s)
+{
+	const int L = g->cfg.L, slot = ng_fp8_dinp_slot(L, op->which, op->layer);
+	if (slot < 0 || op->n_in < 4 || g->t_params_fp8t < 0)
+		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 dinp matmul of the step", op->name);
+	const int wslot = ng_fp8_slot(L, op->which, op->layer), k = op->which - NG_OP_WHICH_QKV;
+	size_t rows = (size_t)op->row_count, oc = (size_t)mm->spec.OC, ic = (size_t)mm->spec.IC;
+	float *f = ng_exec_tensor_(e, g, op->in[op->n_in - 1]);
+	uint8_t *d8 = scratch;
+	enum ng_status st = ng_fp8_cast_seg(
+		NG_FP8_E5M2, d8, ng_exec_tensor_(e, g, op->in[0]),
+		f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot,
+		f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + (size_t)NG_FP8_AMAX_FLOATS * slot, rows * oc,
+		1, s);
+	if (st)
+		return st;
+	const uint8_t *wt = (const uint8_t *)ng_exec_tensor_(e, g, op->in[op->n_in - 2]) +
+			    ng_fp8t_at(&g->lay, g->fp8, k) + (size_t)op->layer * ic * oc;
+	return ng_matmul_run_fp8(mm, dinp, d8, wt, NULL,
+				 op->gelu ? ng_exec_tensor_(e, g, op->in[2]) : NULL,
+				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
+				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * wslot,
+				 (char *)scratch + ng_fp8_input_bytes(rows, oc), s);
 }
 
 /* Enqueue one op on e->stream. */
@@ -604,6 +675,8 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 	case NG_OP_MATMUL_DINP: {
 		const struct ng_matmul *mm = &e->plans[plan].mm;
 		ng_bf16 *dinp = (ng_bf16 *)ng_exec_tensor_(e, g, op->out[0]) + (size_t)op->row_start * mm->spec.IC;
+		if (op->fp8)
+			return run_matmul_dinp_fp8(e, g, op, mm, dinp, scratch, s);
 		return ng_matmul_run(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
 				     pp(e, g, op->in[1], op->param[0], op->layer), NULL,
 				     op->gelu ? ng_exec_tensor_(e, g, op->in[2]) : NULL, NULL, scratch, s);
@@ -791,6 +864,29 @@ static enum ng_status capture(struct ng_exec *e, const struct ng_graph *g, const
 	return NG_CUDA_CHECK(cudaGraphInstantiate(exec, gr, 0));
 }
 
+/* --fp8 dinp: before any step has recorded a gradient maximum, an E5M2 scale of 1 would flush
+ * the first steps' gradients to zero (the loss is a mean over the N*K tokens of a step, so they
+ * are ~1/(N*K) small; E5M2's smallest is 2^-16). Each gradient slot's history starts with the
+ * maximum that gives the scale N*K (undoing the mean) instead; the real maxima replace it as it
+ * leaves the window (NG_FP8_HISTORY steps). Fields as graph/step.h "FP8". */
+static enum ng_status seed_grad_scales(struct ng_exec *e, const struct ng_graph *g)
+{
+	const int L = g->cfg.L, S4 = ng_fp8_fwd_slots(L), n = ng_fp8_slots(L) - S4;
+	float *h = calloc((size_t)n * NG_FP8_HISTORY, sizeof(float));
+	if (!h)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	double tokens = (double)g->B * g->T * g->K;
+	for (int k = 0; k < n; k++)
+		h[(size_t)k * NG_FP8_HISTORY] =
+			(float)(NG_FP8_E5M2_MAX / (ldexp(1.0, NG_FP8_ACT_MARGIN) * tokens));
+	float *f = ng_exec_tensor_(e, g, g->t_fp8_state);
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpy(
+		f + ng_fp8_field_at(L, NG_FP8_HIST) + (size_t)S4 * NG_FP8_HISTORY, h,
+		(size_t)n * NG_FP8_HISTORY * sizeof(float), cudaMemcpyHostToDevice));
+	free(h);
+	return st;
+}
+
 /* Parameters from the seeded init; bf16 copy; zero grads, moments and the step state. */
 static enum ng_status reset_state(struct ng_exec *e)
 {
@@ -815,6 +911,8 @@ static enum ng_status reset_state(struct ng_exec *e)
 	for (int i = 0; i < 5 && !st && zero[i] >= 0; i++)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, zero[i]), 0, g->tensors[zero[i]].bytes,
 						   e->stream));
+	if (!st && (g->fp8 & NG_FP8_DINP_ALL))
+		st = seed_grad_scales(e, g);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	return st;
@@ -860,7 +958,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	if (opt.deterministic) /* a timed choice could differ between two runs */
 		opt.fuse_gelu &= ~NG_GELU_FUSE_AUTO;
 	if (opt.deterministic && (opt.fp8 & NG_FP8_AUTO)) /* untimed: the kinds that widen */
-		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD)) | NG_FP8_AUTO;
+		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD | NG_FP8_DINP_FCPROJ)) |
+			  NG_FP8_AUTO;
 	/* built first, so that a bad shape gets the builder's message before anything is timed */
 	if (!st)
 		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
@@ -870,20 +969,21 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 		st = choose_dgelu(e, &fuse);
 		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
 	}
-	for (int k = 0; k < 5; k++)
+	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 		e->fp8_ms[k][0] = e->fp8_ms[k][1] = -1.0f;
 	if (!st && (opt.fp8 & NG_FP8_AUTO) && !opt.deterministic) {
-		int mask = opt.fp8 & NG_FP8_ALL;
-		st = choose_fp8(e, (opt.fuse_gelu & NG_GELU_FUSE_FWD) != 0, e->train.head_chunk_rows,
+		int mask = opt.fp8 & NG_FP8_EVERY;
+		st = choose_fp8(e, (opt.fuse_gelu & NG_GELU_FUSE_FWD) != 0,
+				(opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0, e->train.head_chunk_rows,
 				&mask);
 		opt.fp8 = mask | NG_FP8_AUTO;
 	}
 	if (!st && !opt.deterministic &&
 	    ((opt.fuse_gelu & NG_GELU_FUSE_AUTO) || (opt.fp8 & NG_FP8_AUTO))) {
-		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0, mask = opt.fp8 & NG_FP8_ALL;
+		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0, mask = opt.fp8 & NG_FP8_EVERY;
 		st = agree_choices(e, &fuse, &mask);
 		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
-		opt.fp8 = (opt.fp8 & ~NG_FP8_ALL) | mask;
+		opt.fp8 = (opt.fp8 & ~NG_FP8_EVERY) | mask;
 	}
 	if (!st && (opt.fuse_gelu != built.fuse_gelu || opt.fp8 != built.fp8)) {
 		ng_graph_free(&e->train);

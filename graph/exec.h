@@ -39,6 +39,7 @@
 
 #define NG_EXEC_RING 16       /* metrics records in flight, at most */
 #define NG_EXEC_MAX_PLANS 64  /* distinct matmul shapes of one model */
+#define NG_EXEC_FP8_KINDS 9   /* timed fp8 kinds: 5 forward, 4 dinp (graph/step.h) */
 
 struct ng_exec_config {
 	struct ng_gpt_config model;    /* checked configuration */
@@ -76,8 +77,9 @@ struct ng_exec {
 	struct ng_attention att;       /* one plan: every layer has the same shape */
 	struct ng_exec_matmul plans[NG_EXEC_MAX_PLANS];
 	int n_plans;
-	float fp8_ms[5][2];            /* --fp8 auto: per kind (qkv, attproj, fc, fcproj, head) the
-	                                * forward bf16 / cast + fp8, ms (-1: not timed) */
+	float fp8_ms[NG_EXEC_FP8_KINDS][2]; /* --fp8 auto: per kind (forward qkv, attproj, fc,
+	                                * fcproj, head; dinp qkv, attproj, fc, fcproj) bf16 / cast +
+	                                * fp8, ms (-1: not timed) */
 	float dgelu_ms[2];             /* gelu-fusion auto: FC-proj backward fused / plain+kernel
 	                                * (-1: not timed, no device memory to spare) */
 	int *train_plan;               /* per train op: index into plans, or -1 */

@@ -55,6 +55,9 @@
  *   MATMUL_DINP       in: dout (rows, OC) bf16, params_bf16 [, aux pre-activation (N, IC) when
  *                     gelu = 1: the DGELU epilogue is fused]. out: dinp (N, IC) bf16 ("=",
  *                     rows [row_start, +row_count) for HEAD). attr which, layer, gelu, param.
+ *                     fp8 = 1 (a layer kind in NG_FP8_DINP_*): also in, last: params_fp8t,
+ *                     fp8_state; dout is cast to E5M2 at the front of the scratch (the slot's
+ *                     delayed scale, recording its maximum) and multiplied by W^T in E4M3.
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.
@@ -77,7 +80,8 @@
  *   FP8_PREP          (train graphs with --fp8, first op after the tokens) in: params_bf16,
  *                     fp8_state. out: params_fp8 (E4M3 weights of the forward matmuls, each
  *                     layer's matrix with its own current scale), fp8_state (the activation
- *                     scales rolled from the last steps' maxima).
+ *                     scales rolled from the last steps' maxima) [, params_fp8t: W^T of the
+ *                     fp8 dinp kinds, same scales].
  *
  * References: DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op order.
  */
@@ -186,7 +190,7 @@ struct ng_op {
 	int overwrite;             /* MATMUL_DW: the step's first writer of its gradient: "=" (beta
 	                            * 0) instead of "+="; ZERO with param[0] >= 0: that parameter's
 	                            * gradient range only */
-	int fp8;                   /* MATMUL_FWD: E4M3 operands (see the kind's comment) */
+	int fp8;                   /* MATMUL_FWD / DINP: fp8 operands (see the kind's comment) */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };
 
@@ -202,8 +206,8 @@ struct ng_graph {
 	int recompute_layernorm;
 	int fuse_gelu;
 	int deterministic;
-	int fp8;                   /* train graphs: NG_FP8_* bits (graph/step.h) of the forward
-	                            * matmuls that take E4M3 operands; 0 in other kinds */
+	int fp8;                   /* train graphs: NG_FP8_* bits (graph/step.h) of the matmuls
+	                            * that take fp8 operands; 0 in other kinds */
 	size_t align;              /* arena alignment used by the plan, bytes */
 
 	struct ng_tensor *tensors; /* n_tensors entries */
@@ -219,6 +223,7 @@ struct ng_graph {
 	int t_logits_out;          /* sample graphs: logits (B, Vp) bf16, persistent */
 	int t_params_fp8;          /* --fp8 (every kind, for equal offsets): E4M3 weights u8 (P) */
 	int t_fp8_state;           /* --fp8: scales and maxima f32 (graph/step.h "FP8") */
+	int t_params_fp8t;         /* --fp8 dinp kinds: their W^T in E4M3 u8 (graph/step.h) */
 
 	size_t persistent_bytes;   /* the persistent region, aligned */
 	size_t arena_bytes;        /* the planned region (non-persistent tensors) */

@@ -392,7 +392,15 @@ static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int i
 		      : mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16), OUT(dinp));
 	op.gelu = aux >= 0;
 	op.row_count = (int)b->N;
-	emit_p(b, op, b->ws.matmul);
+	size_t d8 = 0; /* --fp8 dinp: dout's E5M2 copy at the front of the scratch */
+	if (g->fp8 & ng_fp8_dinp_bit(w)) {
+		op.fp8 = 1;
+		op.in[op.n_in++] = g->t_params_fp8t;
+		op.in[op.n_in++] = g->t_fp8_state;
+		size_t oc = w == NG_OP_WHICH_QKV ? 3 * b->C : w == NG_OP_WHICH_FC ? 4 * b->C : b->C;
+		d8 = ng_fp8_input_bytes(b->N, oc); /* dout is (N, OC) */
+	}
+	emit_p(b, op, b->ws.matmul + d8);
 }
 
 static void layernorm_bwd(struct bld *b, enum ng_op_which w, int l, int dln, int x, int mean,
@@ -502,7 +510,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	if (opt.head_chunk_rows < 0)
 		return ng_fail(NG_ERR_INPUT, "step: head chunk rows %d is negative",
 			       opt.head_chunk_rows);
-	if ((opt.fp8 & NG_FP8_ALL) && cfg->C % 16) {
+	if ((opt.fp8 & NG_FP8_EVERY) && cfg->C % 16) {
 		ng_fail(NG_ERR_INPUT, "--fp8: the channels (C = %d) must be a multiple of 16 (E4M3 "
 			"rows of 16 bytes for cuBLASLt)", cfg->C);
 		ng_hint("drop --fp8, or pick --channels a multiple of 16");
@@ -537,7 +545,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	g->recompute_layernorm = opt.recompute_layernorm;
 	g->fuse_gelu = opt.fuse_gelu;
 	g->deterministic = opt.deterministic;
-	g->fp8 = kind == NG_GRAPH_TRAIN ? opt.fp8 & NG_FP8_ALL : 0;
+	g->fp8 = kind == NG_GRAPH_TRAIN ? opt.fp8 & NG_FP8_EVERY : 0;
 	g->align = opt.align ? opt.align : 256;
 
 	size_t P[1] = { g->lay.total };
@@ -552,12 +560,17 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	size_t S[1] = { sizeof(struct ng_step_state) };
 	g->t_step_state = ng_graph_add_tensor(g, "step_state", NG_DTYPE_U8, NG_ROLE_METRIC, true,
 					      1, S, 0);
-	if (opt.fp8 & NG_FP8_ALL) { /* in every kind, so that the offsets below agree */
+	if (opt.fp8 & NG_FP8_EVERY) { /* in every kind, so that the offsets below agree */
 		g->t_params_fp8 = ng_graph_add_tensor(g, "params_fp8", NG_DTYPE_U8,
 						      NG_ROLE_PARAM_BF16, true, 1, P, 0);
 		size_t F[1] = { ng_fp8_state_floats(cfg->L) };
 		g->t_fp8_state = ng_graph_add_tensor(g, "fp8_state", NG_DTYPE_F32,
 						     NG_ROLE_OPT_STATE, true, 1, F, 0);
+	}
+	if (opt.fp8 & NG_FP8_DINP_ALL) {
+		size_t P8[1] = { ng_fp8t_at(&g->lay, opt.fp8, 4) };
+		g->t_params_fp8t = ng_graph_add_tensor(g, "params_fp8t", NG_DTYPE_U8,
+						       NG_ROLE_PARAM_BF16, true, 1, P8, 0);
 	}
 	if (kind == NG_GRAPH_EVAL) {
 		size_t one[1] = { 1 };
@@ -645,6 +658,8 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 		struct ng_op op = mk(NG_OP_FP8_PREP, NG_OP_WHICH_NONE, -1,
 				     IN(g->t_params_bf16, g->t_fp8_state),
 				     OUT(g->t_params_fp8, g->t_fp8_state));
+		if (g->fp8 & NG_FP8_DINP_ALL)
+			op.out[op.n_out++] = g->t_params_fp8t;
 		emit(&b, &op, 0);
 	}
 	for (int m = 0; m < K && !g->status; m++) {

@@ -50,12 +50,22 @@ extern "C" {
  *    that LayerNorm writes the E4M3 copy itself ("<ln>.e4m3", u8) and the matmul casts
  *    nothing: 1 byte an element instead of a 3-byte cast.
  */
-/* Which forward matmuls are fp8 (step options .fp8). AUTO: the executor times each kind both
- * ways at plan time (the E4M3 cast of the input included) and keeps the faster; with
- * --deterministic, nothing is timed and the kinds whose output is wider than their input
- * (qkv, fc, head) are fp8. */
+/*
+ *  - Input gradients (NG_FP8_DINP_*): the dinp matmul of a layer kind multiplies dout, cast to
+ *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
+ *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
+ *    forward's weight scale, so both share the weight descale). The dW matmuls stay bf16.
+ */
+/* Which matmuls are fp8 (step options .fp8). AUTO: the executor times each kind both ways at
+ * plan time (the cast of the input included) and keeps the faster; with --deterministic,
+ * nothing is timed and the kinds whose output is wider than their input (forward qkv, fc,
+ * head; dinp fcproj) are fp8. */
 enum ng_fp8_kinds { NG_FP8_QKV = 1, NG_FP8_ATTPROJ = 2, NG_FP8_FC = 4, NG_FP8_FCPROJ = 8,
-		    NG_FP8_HEAD = 16, NG_FP8_ALL = 31, NG_FP8_AUTO = 32 };
+		    NG_FP8_HEAD = 16, NG_FP8_ALL = 31, NG_FP8_AUTO = 32,
+		    NG_FP8_DINP_QKV = 64, NG_FP8_DINP_ATTPROJ = 128, NG_FP8_DINP_FC = 256,
+		    NG_FP8_DINP_FCPROJ = 512, NG_FP8_DINP_ALL = 960,
+		    NG_FP8_EVERY = NG_FP8_ALL | NG_FP8_DINP_ALL };
+#define NG_FP8_DINP_SHIFT 6 /* dinp bit of a layer kind = its forward bit << 6 */
 static inline int ng_fp8_bit(enum ng_op_which w)
 {
 	if (w == NG_OP_WHICH_HEAD)
@@ -64,13 +74,18 @@ static inline int ng_fp8_bit(enum ng_op_which w)
 		return 1 << (int)(w - NG_OP_WHICH_QKV);
 	return 0;
 }
+static inline int ng_fp8_dinp_bit(enum ng_op_which w)
+{
+	return w == NG_OP_WHICH_HEAD ? 0 : ng_fp8_bit(w) << NG_FP8_DINP_SHIFT;
+}
 #define NG_FP8_ACT_AMAX_SUB 32    /* an activation maximum: NG_FP8_AMAX_SUB floats, */
 #define NG_FP8_ACT_AMAX_STRIDE 32 /* NG_FP8_AMAX_STRIDE apart (kernels/fp8.h) */
 #define NG_FP8_HISTORY 16
 #define NG_FP8_ACT_MARGIN 1
 enum ng_fp8_field { NG_FP8_ACT_AMAX, NG_FP8_ACT_SCALE, NG_FP8_ACT_DESCALE, NG_FP8_W_AMAX,
 		    NG_FP8_W_SCALE, NG_FP8_W_DESCALE, NG_FP8_HIST };
-static inline int ng_fp8_slots(int L) { return 4 * L + 1; }
+static inline int ng_fp8_slots(int L) { return 8 * L + 1; }
+static inline int ng_fp8_fwd_slots(int L) { return 4 * L + 1; } /* E4M3; the rest E5M2 */
 /* First float of a field (NG_FP8_HIST: of the history rows). Fields start 16-byte aligned; the
  * two descale fields hold one descale per 16 bytes (NG_FP8_DESCALE_STRIDE, kernels/fp8.h). */
 static inline size_t ng_fp8_field_at(int L, enum ng_fp8_field f)
@@ -93,6 +108,26 @@ static inline int ng_fp8_slot(int L, enum ng_op_which w, int layer)
 	if (w >= NG_OP_WHICH_QKV && w <= NG_OP_WHICH_FCPROJ && layer >= 0 && layer < L)
 		return (int)(w - NG_OP_WHICH_QKV) * L + layer;
 	return -1;
+}
+/* The E5M2 slot of a layer kind's dinp matmul (-1 for anything else). */
+static inline int ng_fp8_dinp_slot(int L, enum ng_op_which w, int layer)
+{
+	if (w == NG_OP_WHICH_HEAD)
+		return -1;
+	int s = ng_fp8_slot(L, w, layer);
+	return s < 0 ? -1 : ng_fp8_fwd_slots(L) + s;
+}
+/* params_fp8t: the transposed E4M3 weights of the fp8 dinp kinds (bits of mask), one block per
+ * kind in the order qkv, attproj, fc, fcproj, each its L matrices back to back. Elements before
+ * kind k's block (k = which - QKV); k = 4: the whole tensor. */
+static inline size_t ng_fp8t_at(const struct ng_gpt_layout *lay, int mask, int k)
+{
+	static const int ids[4] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW };
+	size_t at = 0;
+	for (int j = 0; j < k; j++)
+		if (mask & (1 << (j + NG_FP8_DINP_SHIFT)))
+			at += lay->p[ids[j]].numel;
+	return at;
 }
 /* Bytes of the E4M3 input copy at the front of a fp8 matmul's scratch (256-aligned). */
 static inline size_t ng_fp8_input_bytes(size_t rows, size_t ic)

@@ -44,6 +44,13 @@ enum ng_status ng_collective_allreduce_sum_f32(struct ncclComm *comm, float *buf
 			  "all-reduce (sum)", n);
 }
 
+enum ng_status ng_collective_allreduce_max_f32(struct ncclComm *comm, float *buf, size_t n,
+					       cudaStream_t s)
+{
+	return nccl_check(ncclAllReduce(buf, buf, n, ncclFloat32, ncclMax, comm, s), comm,
+			  "all-reduce (max)", n);
+}
+
 enum ng_status ng_collective_reduce_scatter_mean_f32(struct ncclComm *comm, float *buf,
 						     size_t len, int rank, cudaStream_t s)
 {
@@ -90,6 +97,12 @@ enum ng_status ng_collective_allreduce_mean_f32(struct ncclComm *comm, float *bu
 }
 
 enum ng_status ng_collective_allreduce_sum_f32(struct ncclComm *comm, float *buf, size_t n,
+					       cudaStream_t s)
+{
+	return no_nccl();
+}
+
+enum ng_status ng_collective_allreduce_max_f32(struct ncclComm *comm, float *buf, size_t n,
 					       cudaStream_t s)
 {
 	return no_nccl();

@@ -150,7 +150,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		c->step.recompute_layernorm = strstr(o->recompute, "layernorm") != NULL;
 	}
 	c->step.head_chunk_rows = (int)o->head_chunk;
-	c->step.fp8 = o->fp8 ? NG_FP8_ALL | NG_FP8_AUTO : 0;
+	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO : 0;
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
 }
@@ -190,16 +190,25 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			"matmul + GELU kernel %.3f ms)\n", ng_step_gelu_fusion_name(g->fuse_gelu),
 			e->dgelu_ms[0], e->dgelu_ms[1]);
 	if (c.step.fp8) {
-		static const char *kind[5] = { "qkv", "attproj", "fc", "fcproj", "head" };
-		fprintf(log, "fp8: forward matmuls in E4M3:");
-		int any = 0;
-		for (int k = 0; k < 5; k++)
-			if (g->fp8 & (1 << k))
+		static const char *kind[NG_EXEC_FP8_KINDS] = { "qkv",	  "attproj",	  "fc",
+							       "fcproj",  "head",	  "dqkv",
+							       "dattproj", "dfc",	  "dfcproj" };
+		fprintf(log, "fp8: forward matmuls in E4M3 (x E4M3 weights):");
+		int any = 0, timed = 0;
+		for (int k = 0; k < NG_EXEC_FP8_KINDS; k++) {
+			int bit = k < 5 ? 1 << k : 1 << (k - 5 + NG_FP8_DINP_SHIFT);
+			if (k == 5) {
+				fprintf(log, "%s; input gradients (dinp) in E5M2:", any ? "" : " none");
+				any = 0;
+			}
+			if (g->fp8 & bit)
 				fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
+			timed |= e->fp8_ms[k][0] >= 0;
+		}
 		fprintf(log, "%s", any ? "" : " none");
-		if (e->fp8_ms[0][0] >= 0 || e->fp8_ms[4][0] >= 0) {
+		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");
-			for (int k = 0; k < 5; k++)
+			for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 				if (e->fp8_ms[k][0] >= 0)
 					fprintf(log, " %s %.3f/%.3f", kind[k], e->fp8_ms[k][0],
 						e->fp8_ms[k][1]);

@@ -31,7 +31,7 @@ struct plan_args {
 	bool deterministic;    /* deterministic reductions */
 	long long align;       /* arena alignment, bytes */
 	const char *step;      /* "train", "eval", "sample" */
-	bool fp8;              /* --fp8: every kind of forward matmul in E4M3 */
+	bool fp8;              /* --fp8: every kind of fp8 matmul (forward E4M3, dinp E5M2) */
 };
 
 #define PLAN_NFLAGS 7
@@ -57,8 +57,9 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		{ "--step", NG_FLAG_STRING, &a->step, 0, 0, "KIND",
 		  "which step to plan: train | eval | sample", false },
 		{ "--fp8", NG_FLAG_BOOL, &a->fp8, 0, 0, NULL,
-		  "E4M3 forward matmuls, planned for all five kinds (train --fp8 times them on the "
-		  "GPU and may keep fewer)", false },
+		  "fp8 matmuls, planned for every kind: the five forward (E4M3) and four layer "
+		  "dinp (E5M2 x E4M3) ones (train --fp8 times them on the GPU and may keep fewer)",
+		  false },
 	};
 	memcpy(f, t, sizeof(t));
 }
@@ -102,7 +103,7 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 	if (pa->gelu && (st = ng_step_parse_gelu_fusion(pa->gelu, &o.fuse_gelu)))
 		return st;
 	o.deterministic = pa->deterministic;
-	o.fp8 = pa->fp8 ? NG_FP8_ALL : 0;
+	o.fp8 = pa->fp8 ? NG_FP8_EVERY : 0;
 	o.align = (size_t)pa->align;
 	if (pa->align & (pa->align - 1))
 		return ng_fail(NG_ERR_INPUT, "--align %lld is not a power of two", pa->align);
@@ -196,10 +197,10 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	printf("options: recompute %s, classifier chunk %d rows%s, GELU fused %s, fp8 %s, align "
 	       "%zu B\n\n", pa->recompute, g->head_chunk_rows,
 	       g->head_chunk_rows == g->B * g->T ? " (whole)" : "",
-	       ng_step_gelu_fusion_name(g->fuse_gelu), pa->fp8 ? "all forward matmuls" : "off",
+	       ng_step_gelu_fusion_name(g->fuse_gelu), pa->fp8 ? "every kind (forward, dinp)" : "off",
 	       g->align);
 	printf("  %-34s %10.1f MiB\n",
-	       pa->fp8 ? "parameters (fp32 + bf16 + E4M3)" : "parameters (fp32 + bf16 copy)",
+	       pa->fp8 ? "parameters (fp32 + bf16 + E4M3, W^T)" : "parameters (fp32 + bf16 copy)",
 	       s->params / MIB);
 	printf("  %-34s %10.1f MiB\n", "gradients (fp32)", s->grads / MIB);
 	printf("  %-34s %10.1f MiB\n", "optimizer state (AdamW m, v)", s->optimizer / MIB);
@@ -233,7 +234,7 @@ static void print_json(const struct ng_graph *g, const struct ng_shape *sh,
 	       "\"head_chunk_rows\":%d,\"fuse_gelu\":%d,\"fp8\":%d,\"align\":%zu,", pa->step,
 	       g->cfg.L, g->cfg.H, g->cfg.C, sh->T, g->cfg.V, g->cfg.Vp, sh->B, sh->K,
 	       g->lay.n_params, g->recompute_gelu, g->recompute_layernorm, g->head_chunk_rows,
-	       g->fuse_gelu, pa->fp8 ? NG_FP8_ALL : 0, g->align);
+	       g->fuse_gelu, pa->fp8 ? NG_FP8_EVERY : 0, g->align);
 	printf("\"arena_bytes\":%zu,\"lower_bound_bytes\":%zu,\"params_bytes\":%zu,"
 	       "\"grads_bytes\":%zu,\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,"
 	       "\"workspace_bytes\":%zu,\"persistent_bytes\":%zu,\"total_bytes\":%zu,"

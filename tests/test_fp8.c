@@ -626,11 +626,11 @@ Test(fp8, matmul_bad_specs)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
-	struct ng_matmul_spec dinp = { NG_MATMUL_DINP, 4, 784, 784, 0, 0, 0, 0, 1 };
+	struct ng_matmul_spec dw = { NG_MATMUL_DW, 4, 784, 784, 0, 0, 0, 0, 1 };
 	struct ng_matmul_spec odd = { NG_MATMUL_FWD, 4, 776, 784, 0, 0, 0, 0, 1 };
 	ng_clear_error();
-	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dinp), NG_ERR_INPUT);
-	cr_expect(strstr(ng_error_message(), "fp8 is FWD only"), "%s", ng_error_message());
+	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dw), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "fp8 is FWD or DINP only"), "%s", ng_error_message());
 	ng_clear_error();
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &odd), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "IC=776"), "%s", ng_error_message());

@@ -57,7 +57,8 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
 	o->fp8 = (int)ng_rng_below(&rng_, 33); /* NG_FP8_* bits, 32 = AUTO alone: none */
-	if (o->fp8 & NG_FP8_ALL)
+	o->fp8 |= (int)ng_rng_below(&rng_, 16) << NG_FP8_DINP_SHIFT;
+	if (o->fp8 & NG_FP8_EVERY)
 		fp8_fit(c);
 	o->head_chunk_rows = ng_rng_below(&rng_, 3) == 0 ? 0
 							  : 1 + (int)ng_rng_below(&rng_, (uint64_t)(*B * *T));
@@ -371,7 +372,10 @@ Test(step, fp8_graphs, .init = setup_)
 		int B, T, K;
 		random_case(&c, &B, &T, &K, &o);
 		fp8_fit(&c);
-		int mask = 1 + (int)ng_rng_below(&rng_, NG_FP8_ALL);
+		int mask = (int)ng_rng_below(&rng_, NG_FP8_ALL + 1) |
+			   (int)ng_rng_below(&rng_, 16) << NG_FP8_DINP_SHIFT;
+		if (!mask)
+			mask = NG_FP8_DINP_FCPROJ;
 		o.fp8 = mask | (rep % 2 ? NG_FP8_AUTO : 0); /* AUTO is the executor's business */
 		struct ng_graph tr, ev, sa, plain;
 		cr_assert_eq(ng_step_build_train(&tr, &c, B, T, K, &o), NG_OK, "%s",
@@ -379,7 +383,7 @@ Test(step, fp8_graphs, .init = setup_)
 		cr_assert_eq(ng_step_build_eval(&ev, &c, B, T, K, &o), NG_OK);
 		cr_assert_eq(ng_step_build_sample(&sa, &c, B, T, &o), NG_OK);
 		cr_assert_eq(count_kind(&tr, NG_OP_FP8_PREP), 1);
-		int prep = -1, first_fwd = -1, n_fp8 = 0, chunks = 0;
+		int prep = -1, first_fwd = -1, n_fp8 = 0, chunks = 0, n_dinp8 = 0;
 		for (int i = 0; i < tr.n_ops; i++) {
 			const struct ng_op *op = &tr.ops[i];
 			if (op->kind == NG_OP_FP8_PREP) {
@@ -387,9 +391,31 @@ Test(step, fp8_graphs, .init = setup_)
 				cr_assert_eq(op->in[0], tr.t_params_bf16);
 				cr_assert_eq(op->out[0], tr.t_params_fp8);
 				cr_assert_eq(op->in[1], tr.t_fp8_state);
+				cr_assert_eq(op->n_out, mask & NG_FP8_DINP_ALL ? 3 : 2);
+				if (mask & NG_FP8_DINP_ALL)
+					cr_assert_eq(op->out[2], tr.t_params_fp8t);
 			}
 			if (op->phase == NG_PHASE_FORWARD && first_fwd < 0)
 				first_fwd = i;
+			if (op->kind == NG_OP_MATMUL_DINP) { /* E5M2 dout x E4M3 W^T */
+				int want = (mask & ng_fp8_dinp_bit(op->which)) != 0;
+				cr_assert_eq(op->fp8, want, "%s (mask %d)", op->name, mask);
+				if (!want)
+					continue;
+				cr_assert_eq(op->in[op->n_in - 2], tr.t_params_fp8t, "%s", op->name);
+				cr_assert_eq(op->in[op->n_in - 1], tr.t_fp8_state, "%s", op->name);
+				cr_assert_eq(op->n_in, op->gelu ? 5 : 4, "%s", op->name);
+				cr_assert_geq(ng_fp8_dinp_slot(c.L, op->which, op->layer),
+					      ng_fp8_fwd_slots(c.L), "%s", op->name);
+				size_t oc = op->which == NG_OP_WHICH_QKV ? 3 * (size_t)c.C
+					    : op->which == NG_OP_WHICH_FC ? 4 * (size_t)c.C
+									  : (size_t)c.C;
+				cr_assert_geq(tr.tensors[op->scratch].bytes,
+					      ng_fp8_input_bytes((size_t)op->row_count, oc), "%s",
+					      op->name);
+				n_dinp8++;
+				continue;
+			}
 			if (op->kind != NG_OP_MATMUL_FWD)
 				continue;
 			if (!(mask & ng_fp8_bit(op->which))) {
@@ -430,16 +456,26 @@ Test(step, fp8_graphs, .init = setup_)
 		for (int w = 0; w < 4; w++)
 			kinds += (mask >> w) & 1;
 		cr_assert_eq(n_fp8, K * kinds * c.L + chunks, "mask %d", mask);
+		int dkinds = 0;
+		for (int w = 0; w < 4; w++)
+			dkinds += (mask >> (w + NG_FP8_DINP_SHIFT)) & 1;
+		cr_assert_eq(n_dinp8, K * dkinds * c.L, "mask %d", mask);
 		cr_assert_eq(chunks % K, 0);
 		cr_assert_eq(chunks > 0, (mask & NG_FP8_HEAD) != 0);
 		int ln8 = 0;
 		for (int i = 0; i < tr.n_ops; i++)
-			ln8 += tr.ops[i].fp8 && tr.ops[i].kind != NG_OP_MATMUL_FWD;
+			ln8 += tr.ops[i].fp8 && tr.ops[i].kind != NG_OP_MATMUL_FWD &&
+			       tr.ops[i].kind != NG_OP_MATMUL_DINP;
 		cr_assert_eq(ln8, K * (c.L * (!!(mask & NG_FP8_QKV) + !!(mask & NG_FP8_FC)) +
 				       !!(mask & NG_FP8_HEAD)), "mask %d", mask);
 		cr_assert(tr.fp8 == mask && !ev.fp8 && !sa.fp8);
 		cr_assert_eq(tr.tensors[tr.t_fp8_state].bytes, ng_fp8_state_floats(c.L) * 4);
 		cr_assert_eq(tr.tensors[tr.t_params_fp8].bytes, tr.lay.total);
+		if (mask & NG_FP8_DINP_ALL) /* the fp8 dinp kinds' W^T, back to back */
+			cr_assert_eq(tr.tensors[tr.t_params_fp8t].bytes,
+				     ng_fp8t_at(&tr.lay, mask, 4));
+		else
+			cr_assert_eq(tr.t_params_fp8t, -1);
 		const struct ng_graph *others[2] = { &ev, &sa };
 		for (int j = 0; j < 2; j++) {
 			const struct ng_graph *q = others[j];
@@ -450,6 +486,9 @@ Test(step, fp8_graphs, .init = setup_)
 				     tr.tensors[tr.t_params_fp8].offset);
 			cr_assert_eq(q->tensors[q->t_fp8_state].offset,
 				     tr.tensors[tr.t_fp8_state].offset);
+			if (mask & NG_FP8_DINP_ALL)
+				cr_assert_eq(q->tensors[q->t_params_fp8t].offset,
+					     tr.tensors[tr.t_params_fp8t].offset);
 		}
 		o.fp8 = 0;
 		cr_assert_eq(ng_step_build_train(&plain, &c, B, T, K, &o), NG_OK);
@@ -484,7 +523,7 @@ Test(step, bad_sizes_are_input_errors)
 	ng_clear_error();
 	/* --fp8 with C = 24 (a legal model, head size 8): one line naming C, and a hint */
 	ng_step_default_options(&o);
-	o.fp8 = NG_FP8_ALL | NG_FP8_AUTO;
+	o.fp8 = NG_FP8_EVERY | NG_FP8_AUTO;
 	struct ng_gpt_config c24 = c;
 	c24.H = 3;
 	c24.C = 24;
