@@ -728,7 +728,7 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 			return ng_exec_dp_adamw_shard_(e, g, op, s);
 		for (int i = 0; i < NG_P_COUNT; i++) {
 			const struct ng_param_spec *p = &g->lay.p[i];
-			enum ng_status r = ng_adamw(pp(e, g, op->out[0], i, 0),
+			enum ng_status r = ng_adamw(pp(e, g, op->out[0], i, 0), /* hi, lo */
 						    pp(e, g, op->out[1], i, 0),
 						    pp(e, g, op->in[0], i, 0),
 						    pp(e, g, op->out[2], i, 0),
@@ -887,7 +887,8 @@ static enum ng_status seed_grad_scales(struct ng_exec *e, const struct ng_graph 
 	return st;
 }
 
-/* Parameters from the seeded init; bf16 copy; zero grads, moments and the step state. */
+/* Parameters from the seeded init (split into the bf16 copy and the low half); zero grads,
+ * moments and the step state. */
 static enum ng_status reset_state(struct ng_exec *e)
 {
 	const struct ng_graph *g = &e->train;
@@ -896,17 +897,8 @@ static enum ng_status reset_state(struct ng_exec *e)
 	if (!h)
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory for %zu parameters", n);
 	ng_gpt_init(&g->cfg, &g->lay, e->cfg.seed, h);
-	/* stream-ordered: a pageable cudaMemcpy may return before its DMA lands, and the cast
-	 * below runs on a non-blocking stream */
-	enum ng_status st = NG_CUDA_CHECK(cudaMemcpyAsync(ng_exec_tensor_(e, g, g->t_params), h,
-							  n * sizeof(float), cudaMemcpyHostToDevice,
-							  e->stream));
-	if (!st)
-		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	enum ng_status st = ng_exec_upload_params_(e, h);
 	free(h);
-	if (!st)
-		st = ng_cast_f32_to_bf16(ng_exec_tensor_(e, g, g->t_params_bf16), ng_exec_tensor_(e, g, g->t_params), n,
-					 e->stream);
 	int zero[] = { g->t_grads, g->t_adam_m, g->t_adam_v, g->t_step_state, g->t_fp8_state };
 	for (int i = 0; i < 5 && !st && zero[i] >= 0; i++)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, zero[i]), 0, g->tensors[zero[i]].bytes,

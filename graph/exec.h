@@ -135,22 +135,25 @@ void ng_exec_request_stop(struct ng_exec *e);
 /* Mean loss over eval_batches batches of B*(T+1) tokens (synchronous). */
 enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss);
 
-/* Copy a persistent flat buffer to the host: which = t_params (float), t_grads (float),
- * t_params_bf16 (uint16) ... any tensor index of the train graph (synchronous; not in a step). */
+/* Copy a persistent flat buffer to the host as its bytes: t_grads (float), t_params_bf16 and
+ * t_params_lo (uint16, the two halves of the master: kernels/split.h; ng_exec_snapshot gives
+ * the fp32 master) ... any tensor index of the train graph (synchronous; not in a step). */
 enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host);
 /* Print the profile (op_ms) grouped by op kind and layer type, largest first, to `f`. */
 void ng_exec_print_profile(const struct ng_exec *e, void *file);
 /* Copy host data into a persistent tensor of the train graph (synchronous; between steps). The
  * captured graph reads device memory only, so the next replay sees it without a re-capture. */
 enum ng_status ng_exec_upload(struct ng_exec *e, int tensor, const void *host);
-/* The training state between steps, into host buffers of lay.total floats: fp32 params, AdamW
- * m and v, and the step state. With ZeRO-1 the moments are gathered from every rank's shard, so
- * every rank must call it at the same point; a rank that writes nothing passes NULL buffers. */
+/* The training state between steps, into host buffers of lay.total floats: fp32 params (the
+ * master joined from its bf16 copy and low half), AdamW m and v, and the step state. With
+ * ZeRO-1 the low half and the moments are gathered from every rank's shard, so every rank
+ * must call it at the same point; a rank that writes nothing passes NULL buffers. */
 enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, float *v,
 				long long *step, long long *n_skipped);
-/* Restore a training state between steps: fp32 params (and their bf16 copy, rounded as AdamW
- * rounds), AdamW m and v (each lay.total floats; with ZeRO-1 each rank keeps its shard), grads
- * zeroed, the step state {step, n_skipped}; the metrics ring continues at slot `step`. */
+/* Restore a training state between steps: fp32 params (split into the bf16 copy and the low
+ * half as AdamW splits them), AdamW m and v (each lay.total floats; with ZeRO-1 each rank keeps
+ * its shard of the low half and the moments), grads zeroed, the step state {step,
+ * n_skipped}; the metrics ring continues at slot `step`. */
 enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const float *m,
 			       const float *v, long long step, long long n_skipped);
 /* Write cuda_graph.dot of the captured step to `path` and count its nodes by type into `text`. */

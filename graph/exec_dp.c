@@ -17,13 +17,14 @@
 #include "kernels/loss.h"
 #include "kernels/optim.h"
 
-/* ZeRO-1: pad the flat parameter/gradient buffers to world * shard_len elements and shrink the
- * AdamW moments to one shard; the same persistent layout in every graph of the run. */
+/* ZeRO-1: pad the flat bf16 parameter and gradient buffers to world * shard_len elements (they
+ * are all-gathered and reduce-scattered) and shrink what only AdamW touches (the low half of
+ * the master, the moments) to one shard; the same persistent layout in every graph of the run. */
 enum ng_status ng_exec_dp_shard_layout_(struct ng_exec *e, struct ng_graph *g)
 {
 	size_t len = e->shard_len, padded = len * (size_t)e->cfg.world;
 	struct { int t; size_t n; } set[] = {
-		{ g->t_params, padded }, { g->t_params_bf16, padded }, { g->t_grads, padded },
+		{ g->t_params_lo, len }, { g->t_params_bf16, padded }, { g->t_grads, padded },
 		{ g->t_adam_m, len }, { g->t_adam_v, len },
 	};
 	for (size_t i = 0; i < sizeof(set) / sizeof(set[0]); i++) {
@@ -179,14 +180,16 @@ enum ng_status ng_exec_dp_grad_norm_(struct ng_exec *e, const struct ng_graph *g
 	return r ? r : ng_collective_allreduce_sum_f32(e->cfg.comm, &st->grad_norm, 1, s);
 }
 
-/* ZeRO-1 AdamW: each parameter tensor's part inside [shard_off, shard_off + shard_len), moments
- * indexed from the shard start; then every rank's updated shard to every rank. */
+/* ZeRO-1 AdamW: each parameter tensor's part inside [shard_off, shard_off + shard_len), the low
+ * half of the master and the moments indexed from the shard start; then every rank's updated
+ * shard of the bf16 copy to every rank (the low halves stay where they are). */
 enum ng_status ng_exec_dp_adamw_shard_(struct ng_exec *e, const struct ng_graph *g,
 				     const struct ng_op *op, cudaStream_t s)
 {
 	const struct ng_step_state *st = ng_exec_tensor_(e, g, op->in[1]);
-	float *w = ng_exec_tensor_(e, g, op->out[0]), *grad = ng_exec_tensor_(e, g, op->in[0]);
-	ng_bf16 *w16 = ng_exec_tensor_(e, g, op->out[1]);
+	ng_bf16 *w16 = ng_exec_tensor_(e, g, op->out[0]);
+	uint16_t *wlo = ng_exec_tensor_(e, g, op->out[1]);
+	float *grad = ng_exec_tensor_(e, g, op->in[0]);
 	float *m = ng_exec_tensor_(e, g, op->out[2]), *v = ng_exec_tensor_(e, g, op->out[3]);
 	size_t lo = e->shard_off, hi = e->shard_off + e->shard_len;
 	for (int i = 0; i < NG_P_COUNT; i++) {
@@ -195,33 +198,38 @@ enum ng_status ng_exec_dp_adamw_shard_(struct ng_exec *e, const struct ng_graph 
 		size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
 		if (a >= b)
 			continue;
-		enum ng_status r = ng_adamw(w + a, w16 + a, grad + a, m + (a - lo), v + (a - lo),
-					    b - a, p->decay ? e->cfg.wd : 0.0f, e->cfg.beta1,
-					    e->cfg.beta2, e->cfg.eps, st, s);
+		enum ng_status r = ng_adamw(w16 + a, wlo + (a - lo), grad + a, m + (a - lo),
+					    v + (a - lo), b - a, p->decay ? e->cfg.wd : 0.0f,
+					    e->cfg.beta1, e->cfg.beta2, e->cfg.eps, st, s);
 		if (r)
 			return r;
 	}
-	enum ng_status r = ng_collective_group_begin();
-	if (!r)
-		r = ng_collective_allgather(e->cfg.comm, w, e->shard_len, 4, e->cfg.rank, s);
-	if (!r)
-		r = ng_collective_allgather(e->cfg.comm, w16, e->shard_len, 2, e->cfg.rank, s);
-	enum ng_status r2 = ng_collective_group_end();
-	return r ? r : r2;
+	return ng_collective_allgather(e->cfg.comm, w16, e->shard_len, 2, e->cfg.rank, s);
 }
 
-/* A ZeRO-1 checkpoint: every rank's shard of the AdamW moments gathered into host m and v
- * (lay.total floats each; NULL on the ranks that do not write) through the gradient buffer,
- * which holds world * shard_len floats and is free between steps (zeroed afterwards, as a
- * restore leaves it). Collective: every rank calls it between the same two steps. */
-enum ng_status ng_exec_dp_gather_moments_(struct ng_exec *e, float *m, float *v)
+/* A ZeRO-1 checkpoint: every rank's shard of the master's low half and of the AdamW moments
+ * gathered through the gradient buffer (world * shard_len floats, free between steps; zeroed
+ * afterwards, as a restore leaves it) into host params (joined with the full bf16 copy), m and
+ * v (lay.total floats each; NULL on the ranks that do not write). Collective: every rank calls
+ * it between the same two steps. */
+enum ng_status ng_exec_dp_gather_state_(struct ng_exec *e, float *params, float *m, float *v)
 {
 	const struct ng_graph *g = &e->train;
 	float *buf = ng_exec_tensor_(e, g, g->t_grads);
+	uint16_t *buf16 = (uint16_t *)buf;
 	size_t len = e->shard_len, total = g->lay.total;
 	float *host[2] = { m, v };
 	int moment[2] = { g->t_adam_m, g->t_adam_v };
-	enum ng_status st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpyAsync(buf16 + e->shard_off,
+							  ng_exec_tensor_(e, g, g->t_params_lo),
+							  len * sizeof(uint16_t),
+							  cudaMemcpyDeviceToDevice, e->stream));
+	if (!st)
+		st = ng_collective_allgather(e->cfg.comm, buf16, len, 2, e->cfg.rank, e->stream);
+	if (!st && params)
+		st = ng_exec_join_params_(e, params, buf16); /* waits for the gather */
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	for (int k = 0; k < 2 && !st; k++) {
 		st = NG_CUDA_CHECK(cudaMemcpyAsync(buf + e->shard_off, ng_exec_tensor_(e, g, moment[k]),
 						   len * sizeof(float), cudaMemcpyDeviceToDevice,

@@ -11,7 +11,10 @@
 #include "graph/exec.h"
 #include "graph/exec_internal.h"
 #include "kernels/check.h"
-#include "kernels/elementwise.h"
+#include "kernels/split.h"
+
+/* Elements per host staging chunk of the split master (2 x 2 bytes each: 64 MiB). */
+#define SPLIT_CHUNK ((size_t)1 << 24)
 
 void ng_exec_print_profile(const struct ng_exec *e, void *file)
 {
@@ -168,6 +171,81 @@ static enum ng_status copy_(struct ng_exec *e, int tensor, size_t off, void *hos
 	return NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 }
 
+static bool zero1_sharded(const struct ng_exec *e) { return e->cfg.zero1 && e->cfg.world > 1; }
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Split host fp32 params (lay.total) into the bf16 copy (all of it) and the low half (this
+ * rank's shard with ZeRO-1, its padding zeroed; else all of it), through a host staging chunk:
+ * the host API stays fp32 (checkpoints, init, tests). */
+enum ng_status ng_exec_upload_params_(struct ng_exec *e, const float *params)
+{
+	const struct ng_graph *g = &e->train;
+	size_t total = g->lay.total, lo_off = 0, lo_n = total;
+	ng_bf16 *d_hi = ng_exec_tensor_(e, g, g->t_params_bf16);
+	uint16_t *d_lo = ng_exec_tensor_(e, g, g->t_params_lo);
+	enum ng_status st = NG_OK;
+	if (zero1_sharded(e)) {
+		lo_off = min_sz(e->shard_off, total);
+		lo_n = min_sz(total - lo_off, e->shard_len);
+		st = NG_CUDA_CHECK(cudaMemsetAsync(d_lo, 0, g->tensors[g->t_params_lo].bytes,
+						   e->stream));
+	}
+	uint16_t *hi = malloc(2 * SPLIT_CHUNK * sizeof(uint16_t)), *lo = hi + SPLIT_CHUNK;
+	if (!hi)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for the parameter upload");
+	for (size_t a = 0; a < total && !st; a += SPLIT_CHUNK) {
+		long long n = (long long)min_sz(SPLIT_CHUNK, total - a);
+#pragma omp parallel for schedule(static)
+		for (long long i = 0; i < n; i++)
+			ng_split_encode(params[a + (size_t)i], &hi[i], &lo[i]);
+		/* stream-ordered, then waited for: a pageable cudaMemcpy may return before its DMA
+		 * lands, and the staging chunk is refilled next */
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(d_hi + a, hi, (size_t)n * sizeof(ng_bf16),
+						   cudaMemcpyHostToDevice, e->stream));
+		size_t x = a > lo_off ? a : lo_off, y = min_sz(a + (size_t)n, lo_off + lo_n);
+		if (!st && x < y)
+			st = NG_CUDA_CHECK(cudaMemcpyAsync(d_lo + (x - lo_off), lo + (x - a),
+							   (y - x) * sizeof(uint16_t),
+							   cudaMemcpyHostToDevice, e->stream));
+		if (!st)
+			st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	}
+	free(hi);
+	return st;
+}
+
+/* The fp32 master (lay.total floats) joined from the bf16 copy and a device low half of all
+ * lay.total elements (params_lo, or with ZeRO-1 the halves gathered from every rank). */
+enum ng_status ng_exec_join_params_(struct ng_exec *e, float *params, const uint16_t *d_lo)
+{
+	const struct ng_graph *g = &e->train;
+	size_t total = g->lay.total;
+	const ng_bf16 *d_hi = ng_exec_tensor_(e, g, g->t_params_bf16);
+	uint16_t *hi = malloc(2 * SPLIT_CHUNK * sizeof(uint16_t)), *lo = hi + SPLIT_CHUNK;
+	if (!hi)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for the parameter download");
+	enum ng_status st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	for (size_t a = 0; a < total && !st; a += SPLIT_CHUNK) {
+		long long n = (long long)min_sz(SPLIT_CHUNK, total - a);
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(hi, d_hi + a, (size_t)n * sizeof(ng_bf16),
+						   cudaMemcpyDeviceToHost, e->stream));
+		if (!st)
+			st = NG_CUDA_CHECK(cudaMemcpyAsync(lo, d_lo + a,
+							   (size_t)n * sizeof(uint16_t),
+							   cudaMemcpyDeviceToHost, e->stream));
+		if (!st)
+			st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+		if (st)
+			break;
+#pragma omp parallel for schedule(static)
+		for (long long i = 0; i < n; i++)
+			params[a + (size_t)i] = ng_split_decode(hi[i], lo[i]);
+	}
+	free(hi);
+	return st;
+}
+
 enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, float *v,
 				long long *step, long long *n_skipped)
 {
@@ -178,18 +256,21 @@ enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, floa
 	size_t bytes = g->lay.total * sizeof(float);
 	struct ng_step_state ss = { 0 };
 	enum ng_status st = ng_exec_download(e, g->t_step_state, &ss);
-	if (!st && params)
-		st = copy_(e, g->t_params, 0, params, bytes, cudaMemcpyDeviceToHost);
-	if (e->cfg.zero1 && e->cfg.world > 1) {
+	if (zero1_sharded(e)) {
 		/* collective: joined even after a failure above, or the other ranks would wait in
 		 * it for ever (nothing is copied out then) */
-		enum ng_status g2 = ng_exec_dp_gather_moments_(e, st ? NULL : m, st ? NULL : v);
+		enum ng_status g2 = ng_exec_dp_gather_state_(e, st ? NULL : params, st ? NULL : m,
+							     st ? NULL : v);
 		if (!st)
 			st = g2;
-	} else if (!st && m)
-		st = copy_(e, g->t_adam_m, 0, m, bytes, cudaMemcpyDeviceToHost);
-	if (!st && v && !(e->cfg.zero1 && e->cfg.world > 1))
-		st = copy_(e, g->t_adam_v, 0, v, bytes, cudaMemcpyDeviceToHost);
+	} else {
+		if (!st && params)
+			st = ng_exec_join_params_(e, params, ng_exec_tensor_(e, g, g->t_params_lo));
+		if (!st && m)
+			st = copy_(e, g->t_adam_m, 0, m, bytes, cudaMemcpyDeviceToHost);
+		if (!st && v)
+			st = copy_(e, g->t_adam_v, 0, v, bytes, cudaMemcpyDeviceToHost);
+	}
 	*step = ss.step;
 	*n_skipped = ss.n_skipped;
 	return st;
@@ -206,7 +287,7 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	ss.step = (int)step;
 	ss.n_skipped = (int)n_skipped;
 	size_t total = g->lay.total, off = 0, n = total;
-	if (e->cfg.zero1 && e->cfg.world > 1) { /* this rank's shard of the moments; padding 0 */
+	if (zero1_sharded(e)) { /* this rank's shard of the moments; padding 0 */
 		off = e->shard_off < total ? e->shard_off : total;
 		n = total - off < e->shard_len ? total - off : e->shard_len;
 		if (NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_adam_m), 0,
@@ -217,8 +298,7 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	}
 	enum ng_status st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	if (!st)
-		st = copy_(e, g->t_params, 0, (void *)params, total * sizeof(float),
-			   cudaMemcpyHostToDevice);
+		st = ng_exec_upload_params_(e, params);
 	if (!st)
 		st = copy_(e, g->t_adam_m, 0, (void *)(m + off), n * sizeof(float),
 			   cudaMemcpyHostToDevice);
@@ -227,9 +307,6 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 			   cudaMemcpyHostToDevice);
 	if (!st)
 		st = copy_(e, g->t_step_state, 0, &ss, sizeof(ss), cudaMemcpyHostToDevice);
-	if (!st)
-		st = ng_cast_f32_to_bf16(ng_exec_tensor_(e, g, g->t_params_bf16), ng_exec_tensor_(e, g, g->t_params),
-					 total, e->stream);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_grads), 0,
 						   g->tensors[g->t_grads].bytes, e->stream));

@@ -19,6 +19,10 @@ enum ng_status ng_exec_dp_grad_norm_(struct ng_exec *e, const struct ng_graph *g
 				   const struct ng_op *op, void *scratch, cudaStream_t s);
 enum ng_status ng_exec_dp_adamw_shard_(struct ng_exec *e, const struct ng_graph *g,
 				     const struct ng_op *op, cudaStream_t s);
-enum ng_status ng_exec_dp_gather_moments_(struct ng_exec *e, float *m, float *v);
+enum ng_status ng_exec_dp_gather_state_(struct ng_exec *e, float *params, float *m, float *v);
+
+/* The split fp32 master (kernels/split.h) to and from host floats (exec_host.c). */
+enum ng_status ng_exec_upload_params_(struct ng_exec *e, const float *params);
+enum ng_status ng_exec_join_params_(struct ng_exec *e, float *params, const uint16_t *d_lo);
 
 #endif

@@ -70,7 +70,8 @@
  *   ENCODER_BWD       in: dx (B, T, C) bf16, inputs i32 (B, T). out: grads. param = {WTE, WPE}.
  *   GRAD_NORM         in: grads. out: step_state (grad_norm).
  *   SCHEDULE          in: step_state. out: step_state (lr, clip_scale, skipped).
- *   ADAMW             in: grads, step_state. out: params, params_bf16, adam_m, adam_v.
+ *   ADAMW             in: grads, step_state. out: params_bf16, params_lo (the two halves of the
+ *                     fp32 master, kernels/split.h), adam_m, adam_v.
  *   STEP_FINISH       in: step_state. out: step_state (step += 1, metrics record written to the
  *                     host ring, loss_sum reset to 0 for the next step).
  *   GATHER_ROWS       (sample graphs) in: x (B, T, C) bf16, positions i32 (B).
@@ -112,8 +113,8 @@ enum ng_dtype {
 };
 
 enum ng_role {
-	NG_ROLE_PARAM,      /* fp32 master parameters */
-	NG_ROLE_PARAM_BF16, /* the bf16 copy forward/backward read */
+	NG_ROLE_PARAM,      /* the low half of the fp32 master (u16; kernels/split.h) */
+	NG_ROLE_PARAM_BF16, /* the bf16 copy forward/backward read (the master's high half) */
 	NG_ROLE_GRAD,       /* fp32 gradients */
 	NG_ROLE_OPT_STATE,  /* AdamW m and v */
 	NG_ROLE_ACTIVATION, /* forward activations, backward gradients of activations, logits */
@@ -218,7 +219,7 @@ struct ng_graph {
 	int cap_ops;
 
 	/* well-known tensors (-1 when the graph has none) */
-	int t_params, t_params_bf16, t_grads, t_adam_m, t_adam_v, t_step_state, t_tokens;
+	int t_params_lo, t_params_bf16, t_grads, t_adam_m, t_adam_v, t_step_state, t_tokens;
 	int t_eval_loss;           /* eval graphs: the f32 (1) metric */
 	int t_logits_out;          /* sample graphs: logits (B, Vp) bf16, persistent */
 	int t_params_fp8;          /* --fp8 (every kind, for equal offsets): E4M3 weights u8 (P) */

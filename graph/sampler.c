@@ -9,7 +9,7 @@
 
 #include "kernels/check.h"
 #include "kernels/decode.h"
-#include "kernels/elementwise.h"
+#include "kernels/split.h"
 
 /* bf16 pointer of parameter `id` of layer `layer`. */
 static const ng_bf16 *wp(const struct ng_sampler *s, int id, int layer)
@@ -102,18 +102,23 @@ enum ng_status ng_sampler_init(struct ng_sampler *s, const struct ng_sampler_con
 	st = alloc_all(s);
 	if (st)
 		return st;
-	float *tmp;
-	size_t bytes = s->lay.total * sizeof(float);
-	if (NG_CUDA_CHECK(cudaMalloc((void **)&tmp, bytes)))
-		return NG_ERR_RUNTIME;
-	/* on the (non-blocking) stream: a pageable cudaMemcpy may return before its DMA lands,
-	 * and nothing would order it before the cast */
-	st = NG_CUDA_CHECK(cudaMemcpyAsync(tmp, params, bytes, cudaMemcpyHostToDevice, s->stream));
-	if (!st)
-		st = ng_cast_f32_to_bf16(s->w, tmp, s->lay.total, s->stream);
+	/* the bf16 copy as training keeps it: the high half of the split master (kernels/split.h,
+	 * ties away from zero), so sampling reads the very weights the last step read */
+	size_t n = s->lay.total;
+	ng_bf16 *hi = malloc(n * sizeof(ng_bf16));
+	if (!hi)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for %zu parameters", n);
+#pragma omp parallel for schedule(static)
+	for (long long i = 0; i < (long long)n; i++) {
+		uint16_t lo;
+		ng_split_encode(params[i], &hi[i], &lo);
+	}
+	/* on the (non-blocking) stream: a pageable cudaMemcpy may return before its DMA lands */
+	st = NG_CUDA_CHECK(cudaMemcpyAsync(s->w, hi, n * sizeof(ng_bf16), cudaMemcpyHostToDevice,
+					   s->stream));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(s->stream));
-	cudaFree(tmp);
+	free(hi);
 	if (st || cfg->no_graph)
 		return st;
 	/* capture with the global mode: a forbidden call (sync, malloc) inside fails loudly */

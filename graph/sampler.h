@@ -6,7 +6,8 @@
  * (kernels/decode.h), so nothing of a replay is frozen at capture. The prompt runs through the
  * same graph: the sampling kernel leaves prompt positions as they are.
  *
- * Numerics: weights bf16 (the copy training reads), activations, KV cache and logits fp32.
+ * Numerics: weights bf16 (the copy training reads: the high half of the split fp32 master,
+ * kernels/split.h), activations, KV cache and logits fp32.
  * Memory: weights (lay.total bf16) + 2 L T C floats of cache + a few rows.
  */
 #ifndef NG_GRAPH_SAMPLER_H

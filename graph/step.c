@@ -549,7 +549,10 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	g->align = opt.align ? opt.align : 256;
 
 	size_t P[1] = { g->lay.total };
-	g->t_params = ng_graph_add_tensor(g, "params", NG_DTYPE_F32, NG_ROLE_PARAM, true, 1, P, 0);
+	/* the fp32 master, split (kernels/split.h): its bf16 copy (the high half, what the
+	 * matmuls read) and its low half; with ZeRO-1 the low half shrinks to one shard */
+	g->t_params_lo = ng_graph_add_tensor(g, "params_lo", NG_DTYPE_U16, NG_ROLE_PARAM, true, 1,
+					     P, 0);
 	g->t_params_bf16 = ng_graph_add_tensor(g, "params_bf16", NG_DTYPE_BF16,
 					       NG_ROLE_PARAM_BF16, true, 1, P, 0);
 	g->t_grads = ng_graph_add_tensor(g, "grads", NG_DTYPE_F32, NG_ROLE_GRAD, true, 1, P, 0);
@@ -676,7 +679,7 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 	op = mk(NG_OP_SCHEDULE, NG_OP_WHICH_NONE, -1, IN(g->t_step_state), OUT(g->t_step_state));
 	emit(&b, &op, 0);
 	op = mk(NG_OP_ADAMW, NG_OP_WHICH_NONE, -1, IN(g->t_grads, g->t_step_state),
-		OUT(g->t_params, g->t_params_bf16, g->t_adam_m, g->t_adam_v));
+		OUT(g->t_params_bf16, g->t_params_lo, g->t_adam_m, g->t_adam_v));
 	emit(&b, &op, 0);
 	op = mk(NG_OP_STEP_FINISH, NG_OP_WHICH_NONE, -1, IN(g->t_step_state),
 		OUT(g->t_step_state));

@@ -185,7 +185,7 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
  * without gradient, LOSS_ACCUMULATE into the persistent f32 eval_loss (zeroed first; holds the
  * mean loss over the K batches after a replay). Eval ops touch no gradient or optimizer state.
  *
- * Every graph kind declares the same persistent tensors first, in the same order (params,
+ * Every graph kind declares the same persistent tensors first, in the same order (params_lo,
  * params_bf16, grads, adam_m, adam_v, step_state; then eval_loss or logits_out), so their
  * offsets agree across the train, eval and sample graphs of one model: one arena of the largest
  * total_bytes serves all three. */

@@ -4,13 +4,17 @@
  * grad_norm_partials_fixed_grid: a fixed grid (GN_BLOCKS blocks, independent of the device)
  * strides over g with float4 loads; each block writes one double partial; grad_norm_final sums
  * the partials in order. Same bytes every run.
- * adamw_vec4: one thread per 4 elements, float4 loads/stores of param, grad, m, v, and 8 bytes
- * of bf16 out: 30 bytes per element, memory-bound. Per-step scalars are read from the device.
- * References: Loshchilov & Hutter 2019 (AdamW); llm.c adamw_kernel3 (fp32 master + bf16 copy).
+ * adamw_split_vec4: one thread per 4 elements; float4 loads/stores of grad, m, v and 8-byte
+ * loads/stores of the two halves of the master (kernels/split.h): 28 bytes per element,
+ * memory-bound. Per-step scalars are read from the device.
+ * References: Loshchilov & Hutter 2019 (AdamW); llm.c adamw_kernel3 (fp32 master + bf16 copy,
+ * here the master is the bf16 copy plus a low half).
  */
 #include "kernels/common.cuh"
 
+#include "kernels/optim.cuh"
 #include "kernels/optim.h"
+#include "kernels/split.h"
 
 #define GN_BLOCKS 1024
 #define GN_THREADS 512
@@ -82,51 +86,43 @@ static __global__ void schedule_update_one_thread(struct ng_step_state *st,
 	st->skipped = !isfinite(norm) || !isfinite(st->loss_sum);
 }
 
-static __global__ void adamw_vec4(float *param, __nv_bfloat16 *pb, const float *grad, float *m,
-				  float *v, size_t n, float wd, float b1, float b2, float eps,
-				  const struct ng_step_state *st)
+/* hi, lo: the split fp32 master (kernels/split.h), joined before and split after the update
+ * (ng_adamw_elem_, kernels/optim.cuh: the arithmetic of an fp32 master, unchanged). */
+static __global__ void adamw_split_vec4(ng_bf16 *hi, uint16_t *lo, const float *grad, float *m,
+					float *v, size_t n, float wd, float b1, float b2, float eps,
+					const struct ng_step_state *st)
 {
 	if (st->skipped)
 		return;
 	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
 	if (i >= n)
 		return;
-	float lr = st->lr, gs = st->clip_scale;
-	float t = (float)(st->step + 1);
-	float bc1 = 1.0f - powf(b1, t), bc2 = 1.0f - powf(b2, t);
+	struct ng_adamw_scalars a = ng_adamw_scalars_(st, b1, b2);
 	if (i + 4 <= n) {
-		float4 p = *reinterpret_cast<float4 *>(param + i);
+		ushort4 h = *reinterpret_cast<ushort4 *>(hi + i);
+		ushort4 l = *reinterpret_cast<ushort4 *>(lo + i);
 		float4 g = __ldcs(reinterpret_cast<const float4 *>(grad + i));
 		float4 mm = *reinterpret_cast<float4 *>(m + i);
 		float4 vv = *reinterpret_cast<float4 *>(v + i);
-		float pa[4] = {p.x, p.y, p.z, p.w}, ga[4] = {g.x, g.y, g.z, g.w};
+		ng_bf16 ha[4] = {h.x, h.y, h.z, h.w};
+		uint16_t la[4] = {l.x, l.y, l.z, l.w};
+		float ga[4] = {g.x, g.y, g.z, g.w};
 		float ma[4] = {mm.x, mm.y, mm.z, mm.w}, va[4] = {vv.x, vv.y, vv.z, vv.w};
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
-			float gk = ga[k] * gs;
-			ma[k] = b1 * ma[k] + (1.0f - b1) * gk;
-			va[k] = b2 * va[k] + (1.0f - b2) * gk * gk;
-			float mh = ma[k] / bc1, vh = va[k] / bc2;
-			pa[k] -= lr * (mh / (sqrtf(vh) + eps) + wd * pa[k]);
+			float p = ng_split_decode(ha[k], la[k]);
+			p = ng_adamw_elem_(p, ga[k], &ma[k], &va[k], a, wd, b1, b2, eps);
+			ng_split_encode(p, &ha[k], &la[k]);
 		}
-		*reinterpret_cast<float4 *>(param + i) = make_float4(pa[0], pa[1], pa[2], pa[3]);
 		*reinterpret_cast<float4 *>(m + i) = make_float4(ma[0], ma[1], ma[2], ma[3]);
 		*reinterpret_cast<float4 *>(v + i) = make_float4(va[0], va[1], va[2], va[3]);
-		__nv_bfloat162 lo = __floats2bfloat162_rn(pa[0], pa[1]);
-		__nv_bfloat162 hi = __floats2bfloat162_rn(pa[2], pa[3]);
-		uint2 packed = {*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi)};
-		*reinterpret_cast<uint2 *>(pb + i) = packed;
+		*reinterpret_cast<ushort4 *>(hi + i) = make_ushort4(ha[0], ha[1], ha[2], ha[3]);
+		*reinterpret_cast<ushort4 *>(lo + i) = make_ushort4(la[0], la[1], la[2], la[3]);
 	} else {
 		for (; i < n; i++) {
-			float gk = grad[i] * gs;
-			float mk = b1 * m[i] + (1.0f - b1) * gk;
-			float vk = b2 * v[i] + (1.0f - b2) * gk * gk;
-			m[i] = mk;
-			v[i] = vk;
-			float p = param[i];
-			p -= lr * ((mk / bc1) / (sqrtf(vk / bc2) + eps) + wd * p);
-			param[i] = p;
-			pb[i] = __float2bfloat16_rn(p);
+			float p = ng_split_decode(hi[i], lo[i]);
+			p = ng_adamw_elem_(p, grad[i], &m[i], &v[i], a, wd, b1, b2, eps);
+			ng_split_encode(p, &hi[i], &lo[i]);
 		}
 	}
 }
@@ -182,7 +178,7 @@ extern "C" enum ng_status ng_schedule_update(struct ng_step_state *st, const flo
 	return NG_LAUNCH_CHECK("schedule_update_one_thread");
 }
 
-extern "C" enum ng_status ng_adamw(float *param, ng_bf16 *param_bf16, const float *grad,
+extern "C" enum ng_status ng_adamw(ng_bf16 *param_hi, uint16_t *param_lo, const float *grad,
 				   float *m, float *v, size_t n, float wd, float beta1,
 				   float beta2, float eps, const struct ng_step_state *st,
 				   cudaStream_t s)
@@ -190,16 +186,15 @@ extern "C" enum ng_status ng_adamw(float *param, ng_bf16 *param_bf16, const floa
 	const char *who = "ng_adamw";
 	if (n == 0)
 		return ng_check_arg_fail(who, "n must be > 0");
-	if (!ng_aligned16_(param) || !ng_aligned16_(grad) || !ng_aligned16_(m) ||
-	    !ng_aligned16_(v) || ((uintptr_t)param_bf16 & 7u))
-		return ng_check_arg_fail(who, "param/grad/m/v must be 16-byte aligned and param_bf16 "
-					 "8-byte aligned (%p %p %p %p %p)", (void *)param,
-					 (const void *)grad, (void *)m, (void *)v,
-					 (void *)param_bf16);
+	if (!ng_aligned16_(grad) || !ng_aligned16_(m) || !ng_aligned16_(v) ||
+	    ((uintptr_t)param_hi & 7u) || ((uintptr_t)param_lo & 7u))
+		return ng_check_arg_fail(who, "grad/m/v must be 16-byte aligned and "
+					 "param_hi/param_lo 8-byte aligned (%p %p %p %p %p)", (const void *)grad,
+					 (void *)m, (void *)v, (void *)param_hi, (void *)param_lo);
 	size_t nt = (n + 3) / 4;
-	adamw_vec4<<<(unsigned)((nt + ADAM_THREADS - 1) / ADAM_THREADS), ADAM_THREADS, 0, s>>>(
-		param, (__nv_bfloat16 *)param_bf16, grad, m, v, n, wd, beta1, beta2, eps, st);
-	return NG_LAUNCH_CHECK("adamw_vec4");
+	adamw_split_vec4<<<(unsigned)((nt + ADAM_THREADS - 1) / ADAM_THREADS), ADAM_THREADS, 0, s>>>(
+		param_hi, param_lo, grad, m, v, n, wd, beta1, beta2, eps, st);
+	return NG_LAUNCH_CHECK("adamw_split_vec4");
 }
 
 extern "C" enum ng_status ng_step_finish(struct ng_step_state *st, struct ng_metrics_record *ring,

@@ -1,7 +1,8 @@
 /*
  * kernels/optim.h — the optimizer end of the step, all on the device: global gradient norm,
- * learning-rate schedule and clip scale, AdamW (fp32 master weights, bf16 copy written), and the
- * step finish that publishes metrics to a host-mapped ring.
+ * learning-rate schedule and clip scale, AdamW (fp32 master weights kept split as the bf16 copy
+ * plus a low half, kernels/split.h), and the step finish that publishes metrics to a host-mapped
+ * ring.
  * Every per-step scalar lives in struct ng_step_state in device memory (kernels/types.h), so a
  * replayed CUDA graph sees this step's values. Valid C11; launchers return NG_OK or an error.
  *
@@ -37,13 +38,15 @@ enum ng_status ng_schedule_update(struct ng_step_state *st,   /* device, read an
 				  const float *norm_squared,  /* device scalar fp32 */
 				  struct ng_schedule sched, float clip, cudaStream_t s);
 
-/* AdamW on one tensor, decoupled weight decay (wd = 0 for tensors without decay):
+/* AdamW on one tensor, decoupled weight decay (wd = 0 for tensors without decay), on the fp32
+ * master w = ng_split_decode(param_hi, param_lo) (kernels/split.h):
  * g = grad * clip_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
- * param -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd param), t = st->step + 1;
- * param_bf16 = round-to-nearest bf16 of the new param. Nothing changes when st->skipped.
- * param, grad, m, v 16-byte aligned; param_bf16 8-byte aligned. */
-enum ng_status ng_adamw(float *param,                   /* (n) fp32 master, updated */
-			ng_bf16 *param_bf16,            /* (n) bf16, = */
+ * w -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd w), t = st->step + 1;
+ * (param_hi, param_lo) = ng_split_encode(w): param_hi is the bf16 copy the matmuls read (w
+ * rounded to nearest, ties away from zero). Nothing changes when st->skipped.
+ * grad, m, v 16-byte aligned; param_hi, param_lo 8-byte aligned. */
+enum ng_status ng_adamw(ng_bf16 *param_hi,              /* (n) bf16 copy = high half, updated */
+			uint16_t *param_lo,             /* (n) low half of the master, updated */
 			const float *grad,              /* (n) fp32 */
 			float *m,                       /* (n) fp32, updated */
 			float *v,                       /* (n) fp32, updated */

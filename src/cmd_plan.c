@@ -134,7 +134,8 @@ static enum ng_status parse_and_build(struct ng_command_spec *spec, int argc, ch
 
 /* The numbers plan reports. */
 struct plan_summary {
-	size_t params, grads, optimizer, metrics;  /* persistent, by role (params: fp32 + bf16) */
+	size_t params, grads, optimizer, metrics;  /* persistent, by role (params: the fp32 master
+	                                            * as its bf16 copy + low half [+ E4M3]) */
 	size_t activations, workspace, inputs;     /* live at the peak op, aligned */
 	size_t activations_unshared;               /* every activation summed, as if no reuse */
 	int peak_op;
@@ -200,7 +201,7 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	       ng_step_gelu_fusion_name(g->fuse_gelu), pa->fp8 ? "every kind (forward, dinp)" : "off",
 	       g->align);
 	printf("  %-34s %10.1f MiB\n",
-	       pa->fp8 ? "parameters (fp32 + bf16 + E4M3, W^T)" : "parameters (fp32 + bf16 copy)",
+	       pa->fp8 ? "parameters (bf16 + low half + E4M3, W^T)" : "parameters (bf16 + low half)",
 	       s->params / MIB);
 	printf("  %-34s %10.1f MiB\n", "gradients (fp32)", s->grads / MIB);
 	printf("  %-34s %10.1f MiB\n", "optimizer state (AdamW m, v)", s->optimizer / MIB);

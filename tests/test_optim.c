@@ -4,14 +4,17 @@
  * Grad norm: the FlashAttention rule against a naive fp32 loop, identical over two runs, n with
  * a tail (n % 4 != 0). Schedule: lr(step) for warmup, cosine and linear decay, step read from the
  * device; clip scale and grad norm; skipped on a NaN norm or an infinite loss. AdamW: five steps
- * with lr, clip scale and step taken from the device struct, fp32 outputs NMSE <= 1e-7, bf16
- * copy exactly the rounded fp32 master; a NaN gradient skips the update (bytes unchanged).
+ * on the split master (kernels/split.h) with lr, clip scale and step taken from the device
+ * struct: the joined master and the moments bit for bit those of an fp32-master AdamW
+ * (tests/optim_fp32_ref.cu), NMSE <= 1e-7 against the double reference, the bf16 copy the
+ * split's high half; a NaN gradient skips the update (bytes unchanged).
  * Step finish: the record in a host-mapped ring, counters.
  */
 #include <criterion/criterion.h>
 
 #include "graph/cpu_ops.h"
 #include "kernels/optim.h"
+#include "kernels/split.h"
 #include "tests/kernel_testing.h"
 
 static void norm_case(size_t n)
@@ -105,6 +108,24 @@ Test(optim, schedule)
 	cr_expect(st.skipped == 1, "infinite loss must skip");
 }
 
+/* The fp32-master AdamW of tests/optim_fp32_ref.cu (the arithmetic before the split). */
+cudaError_t kt_adamw_fp32_master(float *p, const float *g, float *m, float *v, size_t n,
+				 float wd, float b1, float b2, float eps,
+				 const struct ng_step_state *st);
+
+/* First index where two byte arrays of n elements of `el` bytes differ, or n. */
+static size_t first_diff(const void *a, const void *b, size_t n, size_t el)
+{
+	for (size_t i = 0; i < n; i++)
+		if (memcmp((const char *)a + i * el, (const char *)b + i * el, el))
+			return i;
+	return n;
+}
+
+/* Five steps of ng_adamw on the split master (hi = bf16 copy, lo = low half) with lr, clip scale
+ * and step from the device struct: the joined master is bit for bit the fp32-master AdamW's
+ * (and its moments too), within NMSE 1e-7 of the double reference; hi is the split's high half.
+ * n = 100003: a tail (n % 4 != 0). */
 Test(optim, adamw_steps_from_device_state)
 {
 	if (ng_cuda_device_count() == 0)
@@ -114,19 +135,28 @@ Test(optim, adamw_steps_from_device_state)
 	ng_rng_seed(&r, seed);
 	size_t n = 100003;
 	float *p = kt_xmalloc(n * 4), *g = kt_xmalloc(n * 4), *m = kt_xmalloc(n * 4),
-	      *v = kt_xmalloc(n * 4);
+	      *v = kt_xmalloc(n * 4), *p32 = kt_xmalloc(n * 4), *m32 = kt_xmalloc(n * 4),
+	      *v32 = kt_xmalloc(n * 4);
 	double *pr = kt_xmalloc(n * 8), *mr = kt_xmalloc(n * 8), *vr = kt_xmalloc(n * 8),
 	       *gr = kt_xmalloc(n * 8);
+	ng_bf16 *hi = kt_xmalloc(n * 2);
+	uint16_t *lo = kt_xmalloc(n * 2);
 	for (size_t i = 0; i < n; i++) {
 		p[i] = (float)ng_rng_normal(&r);
+		if (i % 97 == 0) /* exact ties of the split (lo == 0x8000), both signs */
+			p[i] = ng_split_float_((ng_split_bits_(p[i]) & 0xFFFF0000u) | 0x8000u);
+		ng_split_encode(p[i], &hi[i], &lo[i]);
 		pr[i] = p[i];
 		mr[i] = vr[i] = 0.0;
 	}
-	float *d_p = kt_upload(p, n * 4), *d_g = kt_upload(NULL, n * 4);
+	float *d_p32 = kt_upload(p, n * 4), *d_g = kt_upload(NULL, n * 4);
 	float *d_m = kt_upload(NULL, n * 4), *d_v = kt_upload(NULL, n * 4);
-	ng_bf16 *d_pb = kt_upload(NULL, n * 2), *pb = kt_xmalloc(n * 2);
-	kt_cuda(cudaMemset(d_m, 0, n * 4), "memset");
-	kt_cuda(cudaMemset(d_v, 0, n * 4), "memset");
+	float *d_m32 = kt_upload(NULL, n * 4), *d_v32 = kt_upload(NULL, n * 4);
+	ng_bf16 *d_hi = kt_upload(hi, n * 2);
+	uint16_t *d_lo = kt_upload(lo, n * 2);
+	float *moments[4] = { d_m, d_v, d_m32, d_v32 };
+	for (int k = 0; k < 4; k++)
+		kt_cuda(cudaMemset(moments[k], 0, n * 4), "memset");
 	struct ng_step_state *d_st = kt_upload(NULL, sizeof(struct ng_step_state));
 	const float wd = 0.1f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
 	for (int step = 0; step < 5; step++) {
@@ -140,23 +170,40 @@ Test(optim, adamw_steps_from_device_state)
 		st.lr = 1e-3f * (float)(step + 1);
 		st.clip_scale = step % 2 ? 0.5f : 1.0f;
 		kt_cuda(cudaMemcpy(d_st, &st, sizeof(st), cudaMemcpyHostToDevice), "H2D");
-		kt_ok(ng_adamw(d_p, d_pb, d_g, d_m, d_v, n, wd, b1, b2, eps, d_st, 0), "ng_adamw");
+		kt_ok(ng_adamw(d_hi, d_lo, d_g, d_m, d_v, n, wd, b1, b2, eps, d_st, 0), "ng_adamw");
+		kt_cuda(kt_adamw_fp32_master(d_p32, d_g, d_m32, d_v32, n, wd, b1, b2, eps, d_st),
+			"kt_adamw_fp32_master");
 		ng_ref_adamw(pr, mr, vr, gr, n, st.lr, b1, b2, eps, wd, st.clip_scale, step + 1);
 	}
-	kt_download(p, d_p, n * 4);
+	kt_download(hi, d_hi, n * 2);
+	kt_download(lo, d_lo, n * 2);
 	kt_download(m, d_m, n * 4);
 	kt_download(v, d_v, n * 4);
-	kt_download(pb, d_pb, n * 2);
+	kt_download(p32, d_p32, n * 4);
+	kt_download(m32, d_m32, n * 4);
+	kt_download(v32, d_v32, n * 4);
+	size_t bad_hi = n;
+	for (size_t i = 0; i < n; i++) {
+		p[i] = ng_split_decode(hi[i], lo[i]);
+		ng_bf16 h;
+		uint16_t l;
+		ng_split_encode(p[i], &h, &l);
+		if ((h != hi[i] || l != lo[i]) && bad_hi == n)
+			bad_hi = i;
+	}
+	size_t bp = first_diff(p, p32, n, 4), bm = first_diff(m, m32, n, 4),
+	       bv = first_diff(v, v32, n, 4);
+	cr_expect(bp == n, "adamw: split master at %zu is %.9g, the fp32-master AdamW %.9g; "
+		  "seed %llu", bp, bp < n ? p[bp] : 0.0f, bp < n ? p32[bp] : 0.0f, (unsigned long long)seed);
+	cr_expect(bm == n && bv == n, "adamw: moments differ from the fp32-master AdamW at m[%zu] "
+		  "v[%zu] (n = %zu); seed %llu", bm, bv, n, (unsigned long long)seed);
+	cr_expect(bad_hi == n, "adamw: (hi, lo) at %zu = (%#x, %#x) is not the split of its master; "
+		  "seed %llu", bad_hi, bad_hi < n ? hi[bad_hi] : 0u, bad_hi < n ? lo[bad_hi] : 0u,
+		  (unsigned long long)seed);
 	double *pd = kt_f2d(p, n), *md = kt_f2d(m, n), *vd = kt_f2d(v, n);
 	check_nmse_("adamw param after 5 steps", seed, pd, pr, n);
 	check_nmse_("adamw m after 5 steps", seed, md, mr, n);
 	check_nmse_("adamw v after 5 steps", seed, vd, vr, n);
-	size_t bad = n;
-	for (size_t i = 0; i < n; i++)
-		if (pb[i] != kt_f32_to_bf16(p[i]) && bad == n)
-			bad = i;
-	cr_expect(bad == n, "adamw bf16 copy at %zu is not the rounded master; seed %llu", bad,
-		  (unsigned long long)seed);
 
 	/* A NaN in the gradient: norm -> NaN -> skipped -> nothing changes. */
 	g[n / 2] = NAN;
@@ -171,20 +218,23 @@ Test(optim, adamw_steps_from_device_state)
 	struct ng_schedule sc = {1e-3f, 0.1f, 2, 100, 1};
 	kt_ok(ng_grad_norm_squared(d_nsq, d_g, n, d_s, 0), "ng_grad_norm_squared");
 	kt_ok(ng_schedule_update(d_st, d_nsq, sc, 1.0f, 0), "ng_schedule_update");
-	kt_ok(ng_adamw(d_p, d_pb, d_g, d_m, d_v, n, wd, b1, b2, eps, d_st, 0), "ng_adamw");
-	float *p2 = kt_xmalloc(n * 4), *m2 = kt_xmalloc(n * 4);
-	ng_bf16 *pb2 = kt_xmalloc(n * 2);
-	kt_download(p2, d_p, n * 4);
+	kt_ok(ng_adamw(d_hi, d_lo, d_g, d_m, d_v, n, wd, b1, b2, eps, d_st, 0), "ng_adamw");
+	float *m2 = kt_xmalloc(n * 4);
+	ng_bf16 *hi2 = kt_xmalloc(n * 2);
+	uint16_t *lo2 = kt_xmalloc(n * 2);
+	kt_download(hi2, d_hi, n * 2);
+	kt_download(lo2, d_lo, n * 2);
 	kt_download(m2, d_m, n * 4);
-	kt_download(pb2, d_pb, n * 2);
 	kt_download(&st, d_st, sizeof(st));
 	cr_expect(st.skipped == 1, "a NaN gradient must mark the step skipped");
-	cr_expect(memcmp(p, p2, n * 4) == 0 && memcmp(m, m2, n * 4) == 0 &&
-		  memcmp(pb, pb2, n * 2) == 0, "a skipped step must not change params or moments");
-	cudaFree(d_p), cudaFree(d_g), cudaFree(d_m), cudaFree(d_v), cudaFree(d_pb), cudaFree(d_st);
-	cudaFree(d_s), cudaFree(d_nsq);
-	free(p), free(g), free(m), free(v), free(pr), free(mr), free(vr), free(gr), free(pb);
-	free(pd), free(md), free(vd), free(p2), free(m2), free(pb2);
+	cr_expect(memcmp(hi, hi2, n * 2) == 0 && memcmp(lo, lo2, n * 2) == 0 &&
+		  memcmp(m, m2, n * 4) == 0, "a skipped step must not change params or moments");
+	cudaFree(d_p32), cudaFree(d_g), cudaFree(d_m), cudaFree(d_v), cudaFree(d_m32);
+	cudaFree(d_v32), cudaFree(d_hi), cudaFree(d_lo), cudaFree(d_st), cudaFree(d_s);
+	cudaFree(d_nsq);
+	free(p), free(g), free(m), free(v), free(p32), free(m32), free(v32), free(pr), free(mr);
+	free(vr), free(gr), free(hi), free(lo), free(pd), free(md), free(vd), free(m2), free(hi2);
+	free(lo2);
 }
 
 Test(optim, step_finish_ring)

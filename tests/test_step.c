@@ -322,7 +322,7 @@ Test(step, eval_and_sample_graphs, .init = setup_)
 		check_dataflow(&ev, "eval");
 		check_dataflow(&sa, "sample");
 		/* the shared persistent tensors sit at the same offsets */
-		const char *names[] = { "params", "params_bf16", "grads", "adam_m", "adam_v",
+		const char *names[] = { "params_lo", "params_bf16", "grads", "adam_m", "adam_v",
 					"step_state" };
 		for (int i = 0; i < 6; i++) {
 			int a = ng_graph_find_tensor(&tr, names[i]);

@@ -7,7 +7,8 @@
  * ||gpu - ref|| / ||ref||, which for a chain of ~10 bf16-rounded ops per layer stays a few
  * times the unit roundoff: bound 4e-2 for gradients, 1e-2 for the loss. The AdamW update is
  * checked exactly instead: the reference update applied to the GPU's own gradients (fp32 master
- * weights: relative error 1e-5).
+ * weights, stored split as the bf16 copy and a low half: relative error 1e-5); the bf16 copy is
+ * the master's split high half, and a restore + snapshot gives the master back bit for bit.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -21,6 +22,36 @@
 #include "graph/cpu_ref.h"
 #include "graph/exec.h"
 #include "kernels/check.h"
+#include "kernels/split.h"
+
+/* The fp32 master after the step (p1, lay.total floats): the split master (kernels/split.h)
+ * joined by ng_exec_snapshot; its bf16 copy on the device is the split's high half; a restore
+ * of it and a second snapshot give the same bits back. */
+static void check_split_master(struct ng_exec *e, float *p1)
+{
+	const struct ng_graph *g = &e->train;
+	size_t total = g->lay.total;
+	long long step, nsk;
+	float *m = malloc(total * 4), *v = malloc(total * 4), *p2 = malloc(total * 4);
+	ng_bf16 *hi = malloc(total * 2);
+	cr_assert(m && v && p2 && hi);
+	cr_assert_eq(ng_exec_snapshot(e, p1, m, v, &step, &nsk), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(ng_exec_download(e, g->t_params_bf16, hi), NG_OK);
+	size_t bad = total;
+	ng_bf16 want = 0;
+	uint16_t lo;
+	for (size_t i = 0; i < total && bad == total; i++) {
+		ng_split_encode(p1[i], &want, &lo);
+		if (want != hi[i])
+			bad = i;
+	}
+	cr_expect(bad == total, "bf16 copy at %zu is %#x, the split of the master %.9g says %#x",
+		  bad, bad < total ? hi[bad] : 0u, bad < total ? p1[bad] : 0.0f, want);
+	cr_assert_eq(ng_exec_restore(e, p1, m, v, step, nsk), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(ng_exec_snapshot(e, p2, NULL, NULL, &step, &nsk), NG_OK);
+	cr_expect(memcmp(p1, p2, total * 4) == 0, "restore + snapshot changed the fp32 master");
+	free(m), free(v), free(p2), free(hi);
+}
 
 static void tiny_config(struct ng_exec_config *c, int T, int C, int H, int V, int B, int K)
 {
@@ -91,7 +122,7 @@ static void step_matches(int fuse, int fp8)
 	size_t total = g->lay.total;
 	float *grads = malloc(total * 4), *p1 = malloc(total * 4), *p0 = malloc(total * 4);
 	cr_assert_eq(ng_exec_download(&e, g->t_grads, grads), NG_OK);
-	cr_assert_eq(ng_exec_download(&e, g->t_params, p1), NG_OK);
+	check_split_master(&e, p1);
 	ng_gpt_init(&g->cfg, &g->lay, c.seed, p0);
 
 	/* the reference: same init, same tokens, K micro-batches */

@@ -446,8 +446,8 @@ static void run_shape(const char *preset, int B)
 	x.p[2] = carve(b, ng_grad_norm_scratch_bytes(P));
 	time_kernel(b, "grad_norm_squared (all P)", by, l_norm, &x);
 
-	by = 30.0 * P;
-	setup(b, &x, by, 5, (size_t[]){P * 4, P * 2, P * 4, P * 4, P * 4});
+	by = 28.0 * P; /* hi, lo, m, v read and written, grad read */
+	setup(b, &x, by, 5, (size_t[]){P * 2, P * 2, P * 4, P * 4, P * 4});
 	x.n = P;
 	time_kernel(b, "adamw (all P, one launch)", by, l_adamw, &x);
 
