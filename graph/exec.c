@@ -474,17 +474,17 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 				      0, s);
 	for (int i = 0; i < 5 && !st; i++) {
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
-		int nseg = i < 4 ? L : 1;
-		if (g->fp8 & (1 << i))
-			st = ng_fp8_cast_e4m3_seg(pp(e, g, op->out[0], ids[i], 0),
-						  pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
+		int nseg = i < 4 ? L : 1, fwd = g->fp8 & (1 << i);
+		uint8_t *w8 = fwd ? pp(e, g, op->out[0], ids[i], 0) : NULL;
+		if (i < 4 && (g->fp8 & (1 << (i + NG_FP8_DINP_SHIFT)))) /* W and W^T, one read */
+			st = ng_fp8_cast_e4m3_wt_seg(w8,
+						     (uint8_t *)ng_exec_tensor_(e, g, op->out[2]) +
+							     ng_fp8t_at(&g->lay, g->fp8, i),
+						     pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
+						     (int)p->shape[1], (int)p->shape[2], nseg, s);
+		else if (fwd)
+			st = ng_fp8_cast_e4m3_seg(w8, pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
 						  NULL, p->numel / nseg, nseg, s);
-		if (!st && i < 4 && (g->fp8 & (1 << (i + NG_FP8_DINP_SHIFT))))
-			st = ng_fp8_cast_e4m3_t_seg(
-				(uint8_t *)ng_exec_tensor_(e, g, op->out[2]) +
-					ng_fp8t_at(&g->lay, g->fp8, i),
-				pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
-				(int)p->shape[1], (int)p->shape[2], nseg, s);
 	}
 	return st;
 }

@@ -273,40 +273,95 @@ extern "C" enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out, const ng_bf16 *in,
 /* Transposing cast, 32 x 32 tiles through shared memory: a block of 32 x 8 threads reads 32
  * rows of 32 bf16 (64-byte runs) and writes 32 columns as 32-byte runs of E4M3. Segment
  * blockIdx.z. */
-static __global__ void fp8_cast_e4m3_t(uint8_t *__restrict__ out,
-				       const __nv_bfloat16 *__restrict__ in,
-				       const float *__restrict__ scale, int R, int Cc)
+/* W and W^T in one read: 64 x 64 tiles of a segment, 256 threads. Each thread converts 2 x 8
+ * elements (16-byte loads when the rows allow), writes their 8 E4M3 bytes to out (when not NULL)
+ * and keeps them in a shared tile; then 4 x 4 bytes of the transpose go to out_t (when not
+ * NULL): 3 bytes an element read once instead of twice. Tile rows are 65 bytes apart, so the
+ * column reads of the transpose fall on distinct banks. */
+#define WT_TILE 64
+static __global__ void fp8_cast_e4m3_wt(uint8_t *__restrict__ out, uint8_t *__restrict__ out_t,
+					const __nv_bfloat16 *__restrict__ in,
+					const float *__restrict__ scale, int R, int Cc)
 {
-	__shared__ float tile[32][33];
+	__shared__ uint8_t tile[WT_TILE][WT_TILE + 1];
 	size_t seg = (size_t)blockIdx.z * R * Cc;
 	in += seg;
-	out += seg;
-	int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
-	float sc = scale[blockIdx.z];
-	for (int dy = threadIdx.y; dy < 32; dy += 8) {
-		int r = r0 + dy, c = c0 + threadIdx.x;
-		tile[dy][threadIdx.x] = (r < R && c < Cc) ? __bfloat162float(in[(size_t)r * Cc + c])
-							  : 0.0f;
+	const int r0 = blockIdx.y * WT_TILE, c0 = blockIdx.x * WT_TILE;
+	const bool vec = Cc % 8 == 0; /* rows of whole 16-byte vectors: aligned loads */
+	const float sc = scale[blockIdx.z];
+	for (int v = threadIdx.x; v < WT_TILE * WT_TILE / 8; v += blockDim.x) {
+		int rr = v / (WT_TILE / 8), cc = v % (WT_TILE / 8) * 8, r = r0 + rr, c = c0 + cc;
+		uint8_t q[8];
+		bool full = r < R && c + 8 <= Cc;
+		if (full && vec) {
+			float x[8];
+			ng_unpack8_(x, ng_load8_stream_(in + (size_t)r * Cc + c));
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				q[j] = __nv_cvt_float_to_fp8(x[j] * sc, __NV_SATFINITE, __NV_E4M3);
+		} else {
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				q[j] = r < R && c + j < Cc
+					       ? __nv_cvt_float_to_fp8(
+							 __bfloat162float(in[(size_t)r * Cc + c + j]) * sc,
+							 __NV_SATFINITE, __NV_E4M3)
+					       : 0;
+		}
+		if (out && full && vec) {
+			uint2 w;
+			memcpy(&w, q, 8);
+			*reinterpret_cast<uint2 *>(out + seg + (size_t)r * Cc + c) = w;
+		} else if (out && r < R) {
+			for (int j = 0; j < 8 && c + j < Cc; j++)
+				out[seg + (size_t)r * Cc + c + j] = q[j];
+		}
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			tile[rr][cc + j] = q[j];
 	}
+	if (!out_t)
+		return;
 	__syncthreads();
-	for (int dy = threadIdx.y; dy < 32; dy += 8) {
-		int c = c0 + dy, r = r0 + threadIdx.x; /* out (Cc, R): row c, column r */
-		if (c < Cc && r < R)
-			out[(size_t)c * R + r] = __nv_cvt_float_to_fp8(tile[threadIdx.x][dy] * sc,
-								       __NV_SATFINITE, __NV_E4M3);
+	out_t += seg; /* (Cc, R): row c holds column c of the segment */
+	const bool vec_t = R % 4 == 0;
+	for (int w = threadIdx.x; w < WT_TILE * WT_TILE / 4; w += blockDim.x) {
+		int cc = w / (WT_TILE / 4), rr = w % (WT_TILE / 4) * 4, c = c0 + cc, r = r0 + rr;
+		if (c >= Cc)
+			continue;
+		uint8_t b[4] = { tile[rr][cc], tile[rr + 1][cc], tile[rr + 2][cc], tile[rr + 3][cc] };
+		if (vec_t && r + 4 <= R) {
+			unsigned u;
+			memcpy(&u, b, 4);
+			*reinterpret_cast<unsigned *>(out_t + (size_t)c * R + r) = u;
+		} else {
+			for (int j = 0; j < 4 && r + j < R; j++)
+				out_t[(size_t)c * R + r + j] = b[j];
+		}
 	}
+}
+
+extern "C" enum ng_status ng_fp8_cast_e4m3_wt_seg(uint8_t *out, uint8_t *out_t,
+						  const ng_bf16 *in, const float *scale, int R,
+						  int Cc, int nseg, cudaStream_t s)
+{
+	if ((!out && !out_t) || !in || !scale || R < 1 || Cc < 1 || nseg < 1 || nseg > 65535 ||
+	    (Cc % 8 == 0 && (uintptr_t)in % 16) || (out && Cc % 8 == 0 && (uintptr_t)out % 8) ||
+	    (out_t && R % 4 == 0 && (uintptr_t)out_t % 4))
+		return ng_check_arg_fail("ng_fp8_cast_e4m3_wt", "need device pointers (in 16-, out 8-, "
+					 "out_t 4-byte aligned), at least one output, R %d, C %d and "
+					 "1..65535 segments (%d)", R, Cc, nseg);
+	dim3 grid((unsigned)((Cc + WT_TILE - 1) / WT_TILE), (unsigned)((R + WT_TILE - 1) / WT_TILE),
+		  (unsigned)nseg);
+	fp8_cast_e4m3_wt<<<grid, 256, 0, s>>>(out, out_t, (const __nv_bfloat16 *)in, scale, R, Cc);
+	return NG_LAUNCH_CHECK("fp8_cast_e4m3_wt");
 }
 
 extern "C" enum ng_status ng_fp8_cast_e4m3_t_seg(uint8_t *out, const ng_bf16 *in,
 						 const float *scale, int R, int Cc, int nseg,
 						 cudaStream_t s)
 {
-	if (!out || !in || !scale || R < 1 || Cc < 1 || nseg < 1 || nseg > 65535)
-		return ng_check_arg_fail("ng_fp8_cast_e4m3_t", "need device pointers, R %d, C %d and "
-					 "1..65535 segments (%d)", R, Cc, nseg);
-	dim3 grid((unsigned)((Cc + 31) / 32), (unsigned)((R + 31) / 32), (unsigned)nseg);
-	fp8_cast_e4m3_t<<<grid, dim3(32, 8), 0, s>>>(out, (const __nv_bfloat16 *)in, scale, R, Cc);
-	return NG_LAUNCH_CHECK("fp8_cast_e4m3_t");
+	return ng_fp8_cast_e4m3_wt_seg(NULL, out, in, scale, R, Cc, nseg, s);
 }
 
 extern "C" enum ng_status ng_fp8_cast_e4m3(uint8_t *out, const ng_bf16 *in, const float *scale,

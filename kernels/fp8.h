@@ -85,6 +85,11 @@ enum ng_status ng_fp8_cast_seg(enum ng_fp8_format fmt, uint8_t *out, const ng_bf
  * times scale[k]. Any R, Cc. */
 enum ng_status ng_fp8_cast_e4m3_t_seg(uint8_t *out, const ng_bf16 *in, const float *scale,
 				      int R, int Cc, int nseg, cudaStream_t s);
+/* Both in one read of in: out (nseg, R, Cc) as ng_fp8_cast_e4m3_seg would write it (NULL: not
+ * written) and out_t as ng_fp8_cast_e4m3_t_seg (NULL: not written). in 16-byte aligned when
+ * Cc % 8 == 0, out 8-byte aligned then, out_t 4-byte aligned when R % 4 == 0. */
+enum ng_status ng_fp8_cast_e4m3_wt_seg(uint8_t *out, uint8_t *out_t, const ng_bf16 *in,
+				       const float *scale, int R, int Cc, int nseg, cudaStream_t s);
 
 /* Delayed scaling, once per step for each of nseg slots: push the slot's maximum (the largest
  * of amax[(k * sub + j) * stride], j < sub) into its history of the last H maxima (hist row k,

@@ -418,6 +418,60 @@ Test(fp8, e5m2_and_transposed_casts_exact)
 	cudaFree(bi), cudaFree(bo), cudaFree(bs), cudaFree(bti), cudaFree(bto);
 }
 
+/* W and W^T from one read (FP8_PREP for a kind with fp8 forward and dinp), bit-exact against
+ * the CPU encoder: whole 64 x 64 tiles with 16-byte rows, and a ragged shape that takes the
+ * scalar paths (C not a multiple of 8, R not of 4); and each output alone. */
+Test(fp8, cast_w_and_wt_in_one_pass)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = seed_now_();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	const int shapes[3][3] = { { 128, 192, 2 }, { 37, 50, 3 }, { 200, 72, 1 } };
+	for (int t = 0; t < 3; t++) {
+		const int R = shapes[t][0], CC = shapes[t][1], S = shapes[t][2];
+		size_t n = (size_t)S * R * CC;
+		uint16_t *h = malloc(n * 2);
+		uint8_t *g8 = malloc(n), *gt = malloc(n);
+		cr_assert(h && g8 && gt);
+		for (size_t i = 0; i < n; i++)
+			h[i] = f_bf16_((float)(ng_rng_normal(&r) *
+					       ldexp(1.0, (int)ng_rng_below(&r, 21) - 10)));
+		void *bi, *bo, *bt, *bs;
+		uint16_t *din = dev_(&bi, n * 2, 0);
+		uint8_t *dw = dev_(&bo, n, 0), *dt = dev_(&bt, n, 0);
+		float sc[3] = { 2.0f, 0.25f, 40.0f }, *dsc = dev_(&bs, sizeof(sc), 0);
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, n * 2, cudaMemcpyHostToDevice)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dsc, sc, sizeof(sc), cudaMemcpyHostToDevice)));
+		for (int mode = 0; mode < 3; mode++) { /* both, W alone, W^T alone */
+			cr_assert(!NG_CUDA_CHECK(cudaMemset(dw, 0xAB, n)));
+			cr_assert(!NG_CUDA_CHECK(cudaMemset(dt, 0xAB, n)));
+			cr_assert_eq(ng_fp8_cast_e4m3_wt_seg(mode != 2 ? dw : NULL,
+							     mode != 1 ? dt : NULL, din, dsc, R, CC,
+							     S, 0),
+				     NG_OK, "%s", ng_error_message());
+			cr_assert(!NG_CUDA_CHECK(cudaMemcpy(g8, dw, n, cudaMemcpyDeviceToHost)));
+			cr_assert(!NG_CUDA_CHECK(cudaMemcpy(gt, dt, n, cudaMemcpyDeviceToHost)));
+			size_t bad = 0, badt = 0;
+			for (int k = 0; k < S; k++)
+				for (int rr = 0; rr < R; rr++)
+					for (int c = 0; c < CC; c++) {
+						size_t src = ((size_t)k * R + rr) * CC + c;
+						size_t dst = ((size_t)k * CC + c) * R + rr;
+						uint8_t want = e4m3_encode_(bf16_f_(h[src]) * sc[k]);
+						bad += g8[src] != (mode != 2 ? want : 0xAB);
+						badt += gt[dst] != (mode != 1 ? want : 0xAB);
+					}
+			cr_expect_eq(bad + badt, 0, "seed %llu, R %d C %d x%d, mode %d: %zu W and "
+				     "%zu W^T bytes differ", (unsigned long long)seed, R, CC, S, mode,
+				     bad, badt);
+		}
+		cudaFree(bi), cudaFree(bo), cudaFree(bt), cudaFree(bs);
+		free(h), free(g8), free(gt);
+	}
+}
+
 /* One fp8 DINP matmul: dinp (N, IC) = dout (N, OC, E5M2) @ W (OC, IC, given as W^T in E4M3),
  * times both descales, DGELU'd by aux when gelu; against the fp64 and naive fp32 loops over the
  * same decoded inputs (the rule of matmul_case_ below). */
