@@ -129,6 +129,10 @@ static inline size_t ng_fp8t_at(const struct ng_gpt_layout *lay, int mask, int k
 			at += lay->p[ids[j]].numel;
 	return at;
 }
+/* The classifier's rows per chunk unless told (train and plan --head-chunk): the logits of 16384
+ * rows are 1.6 GB of bf16 at GPT-2's vocabulary; at d12 B=64 the whole 65536 rows would hold
+ * 6.6 GB at the step's peak, and four chunks measured as fast (BENCHMARKS "Memory options"). */
+#define NG_HEAD_CHUNK_DEFAULT 16384
 /* Bytes of the E4M3 input copy at the front of a fp8 matmul's scratch (256-aligned). */
 static inline size_t ng_fp8_input_bytes(size_t rows, size_t ic)
 {

@@ -40,13 +40,14 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 {
 	memset(a, 0, sizeof(*a));
 	a->recompute = "none";
+	a->head_chunk = NG_HEAD_CHUNK_DEFAULT;
 	a->align = 256;
 	a->step = "train";
 	struct ng_flag t[PLAN_NFLAGS] = {
 		{ "--recompute", NG_FLAG_STRING, &a->recompute, 0, 0, "WHAT",
 		  "recompute in the backward: gelu,layernorm | gelu | layernorm | none", false },
 		{ "--head-chunk", NG_FLAG_INT, &a->head_chunk, 0, 1 << 30, "ROWS",
-		  "classifier rows per chunk (0 = all B*T rows at once)", false },
+		  "classifier rows per chunk (0 = all B*T rows at once; 16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &a->gelu, 0, 0, "WHAT",
 		  "GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd | bwd | none (auto: "
 		  "planned as fwd,bwd here; the GPU times bwd)", false },

@@ -17,7 +17,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		.steps = 200, .lr = 6e-4, .warmup = 20, .lr_final_frac = 0.1,
 		.schedule = "cosine", .weight_decay = 0.1, .clip = 1.0, .beta1 = 0.9,
 		.beta2 = 0.95, .eps = 1e-8, .val_every = 0, .val_batches = 8, .out_dir = "out",
-		.seed = 1337, .device = "cuda", .log_every = 0,
+		.seed = 1337, .device = "cuda", .log_every = 0, .head_chunk = NG_HEAD_CHUNK_DEFAULT,
 	};
 	struct ng_model_args ma;
 	struct ng_dist_args da = { .world = 0, .rank = -1, .file = NULL };
@@ -75,7 +75,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "GPU: recompute in the backward to save memory: gelu,layernorm | gelu | layernorm | "
 		  "none (none)", false },
 		{ "--head-chunk", NG_FLAG_INT, &o.head_chunk, 0, 1 << 30, "ROWS",
-		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (0)", false },
+		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &o.gelu_fusion, 0, 0, "WHAT",
 		  "GPU: GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd | bwd | none (auto: "
 		  "fwd, and bwd where it times faster at plan time)", false },

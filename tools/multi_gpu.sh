@@ -14,6 +14,7 @@
 # w2_fp8: 2 GPUs with --fp8 --zero1).
 set -uo pipefail
 steps=${1:-60}
+run_limit=${RUN_LIMIT:-300} # seconds a two-rank run may take: a hang is reported, not waited out
 out=${OUT:-multi-gpu-out}
 build=${BUILD:-build}
 mkdir -p "$out"
@@ -44,9 +45,10 @@ two_ranks() { # NAME EXTRA-FLAGS...
       echo "$name failed (rc $?)" | tee -a "$out/summary.txt"
     return
   fi
-  $ng train "${common[@]}" "$@" --world 2 --rank 1 --dist-file "$f" >"$out/$name.rank1.log" 2>&1 &
+  timeout "$run_limit" $ng train "${common[@]}" "$@" --world 2 --rank 1 --dist-file "$f" \
+    >"$out/$name.rank1.log" 2>&1 &
   local p1=$!
-  $ng train "${common[@]}" "$@" --world 2 --rank 0 --dist-file "$f" \
+  timeout "$run_limit" $ng train "${common[@]}" "$@" --world 2 --rank 0 --dist-file "$f" \
     --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1
   local rc=$?
   wait $p1 || rc=$?
