@@ -200,8 +200,9 @@ static int fp8_kind_bit(int k)
  * plus the cast of its input where the step casts it (forward attproj and fcproj to E4M3; every
  * dinp's dout to E5M2; a LayerNorm writes the other forward inputs), median of 9 interleaved
  * runs after 2 warm-ups, on scratch filled with a constant; a kind stays fp8 only where that is
- * faster. The cast costs 3 bytes an input element, so an output narrower than about C = 800
- * loses what the fp8 rate wins (kernels of GPU.md's rates). Plans stay in e->plans. */
+ * faster (with --recompute fp8, the cast of W, or W^T, counts too). The cast costs 3 bytes an
+ * input element, so an output narrower than about C = 800 loses what the fp8 rate wins
+ * (kernels of GPU.md's rates). Plans stay in e->plans. */
 static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int fuse_bwd, int head_rows,
 				 int *mask)
 {
@@ -270,6 +271,14 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int fuse_bwd, 
 				if (!st && v == 0)
 					st = ng_matmul_run(mm, buf + at[4], buf + at[0], buf + at[2], bias,
 							   aux, NULL, wsp, e->stream);
+				if (!st && v == 1 && e->train.recompute_fp8) /* W cast at its use */
+					st = dinp ? ng_fp8_cast_e4m3_wt_seg(
+							    NULL, (uint8_t *)(buf + at[3]),
+							    (const ng_bf16 *)(buf + at[2]), sc, s.OC,
+							    s.IC, 1, e->stream)
+						  : ng_fp8_cast_e4m3_seg((uint8_t *)(buf + at[3]),
+									 (const ng_bf16 *)(buf + at[2]),
+									 sc, NULL, n_w, 1, e->stream);
 				if (!st && v == 1 && cast)
 					st = ng_fp8_cast_seg(dinp ? NG_FP8_E5M2 : NG_FP8_E4M3,
 							     (uint8_t *)(buf + at[1]),
@@ -346,14 +355,19 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 	int N = g->B * g->T;
 	switch (op->kind) {
 	case NG_OP_MATMUL_FWD: case NG_OP_MATMUL_DINP: case NG_OP_MATMUL_DW:
-		if (op->fp8 && op->kind == NG_OP_MATMUL_DINP) /* dout's E5M2 copy in front */
-			return e->plans[plan].mm.workspace_need +
+	{
+		/* fp8: the input's copy in front (dout's E5M2 for dinp, the E4M3 input for a forward
+		 * no LayerNorm wrote it for), then with --recompute fp8 this layer's W or W^T */
+		size_t w8 = op->fp8 && g->recompute_fp8 ? ng_fp8_weight_bytes(m, op->which) : 0;
+		if (op->fp8 && op->kind == NG_OP_MATMUL_DINP)
+			return e->plans[plan].mm.workspace_need + w8 +
 			       ng_fp8_input_bytes((size_t)op->row_count,
 						  (size_t)e->plans[plan].spec.OC);
-		return e->plans[plan].mm.workspace_need +
+		return e->plans[plan].mm.workspace_need + w8 +
 		       (op->fp8 && op->n_in < 5 ? ng_fp8_input_bytes((size_t)op->row_count,
 								     (size_t)e->plans[plan].spec.IC)
 						 : 0);
+	}
 	case NG_OP_ATTENTION_FWD:
 		return ng_attention_fwd_workspace(&e->att);
 	case NG_OP_ATTENTION_BWD:
@@ -472,13 +486,13 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	if (!st)
 		st = ng_fp8_scale_seg(w_scale, f + ng_fp8_field_at(L, NG_FP8_W_DESCALE), w_amax, S4,
 				      0, s);
-	for (int i = 0; i < 5 && !st; i++) {
+	for (int i = 0; i < 5 && !st && !g->recompute_fp8; i++) { /* else each matmul casts */
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
 		int nseg = i < 4 ? L : 1, fwd = g->fp8 & (1 << i);
-		uint8_t *w8 = fwd ? pp(e, g, op->out[0], ids[i], 0) : NULL;
+		uint8_t *w8 = fwd ? pp(e, g, g->t_params_fp8, ids[i], 0) : NULL;
 		if (i < 4 && (g->fp8 & (1 << (i + NG_FP8_DINP_SHIFT)))) /* W and W^T, one read */
 			st = ng_fp8_cast_e4m3_wt_seg(w8,
-						     (uint8_t *)ng_exec_tensor_(e, g, op->out[2]) +
+						     (uint8_t *)ng_exec_tensor_(e, g, g->t_params_fp8t) +
 							     ng_fp8t_at(&g->lay, g->fp8, i),
 						     pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
 						     (int)p->shape[1], (int)p->shape[2], nseg, s);
@@ -514,8 +528,18 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 			return st;
 	}
 	int pb = op->in[1];
-	return ng_matmul_run_fp8(mm, ng_exec_tensor_(e, g, op->out[0]), in8,
-				 pp(e, g, op->in[2], op->param[0], op->layer),
+	void *w8 = pp(e, g, op->in[2], op->param[0], op->layer);
+	if (g->recompute_fp8) { /* in[2] is params_bf16: this layer's W to E4M3 after the input */
+		const void *w = w8;
+		w8 = (char *)scratch + front;
+		front += ng_fp8_weight_bytes(&g->cfg, op->which);
+		enum ng_status st = ng_fp8_cast_e4m3_seg(
+			w8, w, f + ng_fp8_field_at(L, NG_FP8_W_SCALE) + slot, NULL,
+			(size_t)mm->spec.OC * ic, 1, s);
+		if (st)
+			return st;
+	}
+	return ng_matmul_run_fp8(mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8,
 				 op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,
 				 op->gelu ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
 				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
@@ -544,13 +568,26 @@ static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_gra
 		1, s);
 	if (st)
 		return st;
-	const uint8_t *wt = (const uint8_t *)ng_exec_tensor_(e, g, op->in[op->n_in - 2]) +
-			    ng_fp8t_at(&g->lay, g->fp8, k) + (size_t)op->layer * ic * oc;
+	size_t front = ng_fp8_input_bytes(rows, oc);
+	uint8_t *wt;
+	if (g->recompute_fp8) { /* in[n-2] is params_bf16: this layer's W^T to E4M3 after dout8 */
+		wt = (uint8_t *)scratch + front;
+		front += ng_fp8_weight_bytes(&g->cfg, op->which);
+		st = ng_fp8_cast_e4m3_wt_seg(NULL, wt,
+					     pp(e, g, op->in[op->n_in - 2], op->param[0], op->layer),
+					     f + ng_fp8_field_at(L, NG_FP8_W_SCALE) + wslot, (int)oc,
+					     (int)ic, 1, s);
+		if (st)
+			return st;
+	} else {
+		wt = (uint8_t *)ng_exec_tensor_(e, g, op->in[op->n_in - 2]) +
+		     ng_fp8t_at(&g->lay, g->fp8, k) + (size_t)op->layer * ic * oc;
+	}
 	return ng_matmul_run_fp8(mm, dinp, d8, wt, NULL,
 				 op->gelu ? ng_exec_tensor_(e, g, op->in[2]) : NULL,
 				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
 				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * wslot,
-				 (char *)scratch + ng_fp8_input_bytes(rows, oc), s);
+				 (char *)scratch + front, s);
 }
 
 /* Enqueue one op on e->stream. */

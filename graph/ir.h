@@ -205,6 +205,7 @@ struct ng_graph {
 	int head_chunk_rows;       /* rows per classifier chunk actually used (N when unchunked) */
 	int recompute_gelu;        /* options the graph was built with */
 	int recompute_layernorm;
+	int recompute_fp8;         /* fp8 matmuls cast their weights themselves (graph/step.h) */
 	int fuse_gelu;
 	int deterministic;
 	int fp8;                   /* train graphs: NG_FP8_* bits (graph/step.h) of the matmuls

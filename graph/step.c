@@ -44,6 +44,32 @@ enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
 	return NG_ERR_INPUT;
 }
 
+enum ng_status ng_step_parse_recompute(const char *what, struct ng_step_options *opt)
+{
+	opt->recompute_gelu = opt->recompute_layernorm = opt->recompute_fp8 = 0;
+	if (strcmp(what, "none") == 0)
+		return NG_OK;
+	char buf[64];
+	if (strlen(what) >= sizeof(buf))
+		return ng_fail(NG_ERR_INPUT, "--recompute '%.20s...' is too long", what);
+	strcpy(buf, what);
+	for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+		if (strcmp(w, "gelu") == 0) {
+			opt->recompute_gelu = 1;
+		} else if (strcmp(w, "layernorm") == 0) {
+			opt->recompute_layernorm = 1;
+		} else if (strcmp(w, "fp8") == 0) {
+			opt->recompute_fp8 = 1;
+		} else {
+			ng_fail(NG_ERR_INPUT, "--recompute: unknown item '%s'", w);
+			ng_hint("a comma list of gelu, layernorm and fp8 (the E4M3 weight copies of "
+				"--fp8), or none");
+			return NG_ERR_INPUT;
+		}
+	}
+	return NG_OK;
+}
+
 const char *ng_step_gelu_fusion_name(int mask)
 {
 	return gelu_names[mask & 7];
@@ -187,13 +213,15 @@ static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic, int inp8)
 	if (!(g->fp8 & ng_fp8_bit(op->which)))
 		return 0;
 	op->fp8 = 1;
-	op->in[op->n_in++] = g->t_params_fp8;
+	/* --recompute fp8: W comes as bf16 and the op casts it in its scratch */
+	op->in[op->n_in++] = g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8;
 	op->in[op->n_in++] = g->t_fp8_state;
+	size_t w8 = g->recompute_fp8 ? ng_fp8_weight_bytes(&b->g->cfg, op->which) : 0;
 	if (inp8 >= 0) {
 		op->in[op->n_in++] = inp8;
-		return 0;
+		return w8;
 	}
-	return ng_fp8_input_bytes((size_t)op->row_count, ic);
+	return ng_fp8_input_bytes((size_t)op->row_count, ic) + w8;
 }
 
 /* --fp8: when `consumer` is an fp8 matmul, the LayerNorm op writes its E4M3 input too: a u8
@@ -395,10 +423,11 @@ static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int i
 	size_t d8 = 0; /* --fp8 dinp: dout's E5M2 copy at the front of the scratch */
 	if (g->fp8 & ng_fp8_dinp_bit(w)) {
 		op.fp8 = 1;
-		op.in[op.n_in++] = g->t_params_fp8t;
+		op.in[op.n_in++] = g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8t;
 		op.in[op.n_in++] = g->t_fp8_state;
 		size_t oc = w == NG_OP_WHICH_QKV ? 3 * b->C : w == NG_OP_WHICH_FC ? 4 * b->C : b->C;
-		d8 = ng_fp8_input_bytes(b->N, oc); /* dout is (N, OC) */
+		d8 = ng_fp8_input_bytes(b->N, oc) + /* dout is (N, OC); W^T cast here too */
+		     (g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, w) : 0);
 	}
 	emit_p(b, op, b->ws.matmul + d8);
 }
@@ -543,6 +572,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 				     ? N : opt.head_chunk_rows;
 	g->recompute_gelu = opt.recompute_gelu;
 	g->recompute_layernorm = opt.recompute_layernorm;
+	g->recompute_fp8 = opt.recompute_fp8 && (opt.fp8 & NG_FP8_EVERY);
 	g->fuse_gelu = opt.fuse_gelu;
 	g->deterministic = opt.deterministic;
 	g->fp8 = kind == NG_GRAPH_TRAIN ? opt.fp8 & NG_FP8_EVERY : 0;
@@ -564,13 +594,14 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	g->t_step_state = ng_graph_add_tensor(g, "step_state", NG_DTYPE_U8, NG_ROLE_METRIC, true,
 					      1, S, 0);
 	if (opt.fp8 & NG_FP8_EVERY) { /* in every kind, so that the offsets below agree */
-		g->t_params_fp8 = ng_graph_add_tensor(g, "params_fp8", NG_DTYPE_U8,
-						      NG_ROLE_PARAM_BF16, true, 1, P, 0);
+		if (!g->recompute_fp8)
+			g->t_params_fp8 = ng_graph_add_tensor(g, "params_fp8", NG_DTYPE_U8,
+							      NG_ROLE_PARAM_BF16, true, 1, P, 0);
 		size_t F[1] = { ng_fp8_state_floats(cfg->L) };
 		g->t_fp8_state = ng_graph_add_tensor(g, "fp8_state", NG_DTYPE_F32,
 						     NG_ROLE_OPT_STATE, true, 1, F, 0);
 	}
-	if (opt.fp8 & NG_FP8_DINP_ALL) {
+	if ((opt.fp8 & NG_FP8_DINP_ALL) && !g->recompute_fp8) {
 		size_t P8[1] = { ng_fp8t_at(&g->lay, opt.fp8, 4) };
 		g->t_params_fp8t = ng_graph_add_tensor(g, "params_fp8t", NG_DTYPE_U8,
 						       NG_ROLE_PARAM_BF16, true, 1, P8, 0);
@@ -659,9 +690,10 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 	}
 	if (g->fp8) {
 		struct ng_op op = mk(NG_OP_FP8_PREP, NG_OP_WHICH_NONE, -1,
-				     IN(g->t_params_bf16, g->t_fp8_state),
-				     OUT(g->t_params_fp8, g->t_fp8_state));
-		if (g->fp8 & NG_FP8_DINP_ALL)
+				     IN(g->t_params_bf16, g->t_fp8_state), OUT(g->t_fp8_state));
+		if (g->t_params_fp8 >= 0)
+			op.out[op.n_out++] = g->t_params_fp8;
+		if (g->t_params_fp8t >= 0)
 			op.out[op.n_out++] = g->t_params_fp8t;
 		emit(&b, &op, 0);
 	}

@@ -51,6 +51,10 @@ extern "C" {
  *    nothing: 1 byte an element instead of a 3-byte cast.
  */
 /*
+ *  - --recompute fp8 (recompute_fp8): params_fp8 and params_fp8t are not kept; FP8_PREP only
+ *    takes the weight maxima and scales, and each fp8 matmul casts its own layer's W (forward)
+ *    or W^T (dinp) with that scale into its scratch, in front of the cuBLASLt workspace: the
+ *    same bytes as the copies (the same losses, bit for bit), 1.5 bytes a weight less memory.
  *  - Input gradients (NG_FP8_DINP_*): the dinp matmul of a layer kind multiplies dout, cast to
  *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
@@ -133,6 +137,17 @@ static inline size_t ng_fp8t_at(const struct ng_gpt_layout *lay, int mask, int k
  * rows are 1.6 GB of bf16 at GPT-2's vocabulary; at d12 B=64 the whole 65536 rows would hold
  * 6.6 GB at the step's peak, and four chunks measured as fast (BENCHMARKS "Memory options"). */
 #define NG_HEAD_CHUNK_DEFAULT 16384
+/* Bytes of one layer's E4M3 W (or W^T) of a kind (the head: wte), 256-aligned: what a --recompute
+ * fp8 matmul casts into its scratch. */
+static inline size_t ng_fp8_weight_bytes(const struct ng_gpt_config *c, enum ng_op_which w)
+{
+	size_t C = (size_t)c->C;
+	size_t n = w == NG_OP_WHICH_QKV ? 3 * C * C
+		   : w == NG_OP_WHICH_ATTPROJ ? C * C
+		   : (w == NG_OP_WHICH_FC || w == NG_OP_WHICH_FCPROJ) ? 4 * C * C
+		   : (size_t)c->Vp * C;
+	return (n + 255) / 256 * 256;
+}
 /* Bytes of the E4M3 input copy at the front of a fp8 matmul's scratch (256-aligned). */
 static inline size_t ng_fp8_input_bytes(size_t rows, size_t ic)
 {
@@ -153,6 +168,8 @@ struct ng_step_workspace {
 struct ng_step_options {
 	int recompute_gelu;      /* 1: do not keep GELU outputs; recompute them in the backward */
 	int recompute_layernorm; /* 1: do not keep LN1/LN2 outputs; recompute from mean/rstd */
+	int recompute_fp8;       /* 1 (with fp8): no E4M3 weight copies; each fp8 matmul casts its
+				  * layer's W (or W^T) into its scratch (graph/step.h "FP8") */
 	int head_chunk_rows;     /* rows per classifier chunk; 0 = whole B*T (clamped to B*T) */
 	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
 				  * DGELU as the FC-proj dinp matmul's epilogue (BWD) */
@@ -170,6 +187,9 @@ enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUT
 /* "auto" | "fwd,bwd" | "fwd" | "bwd" | "none" -> NG_GELU_FUSE_* bits ("auto": FWD | BWD | AUTO);
  * NG_ERR_INPUT otherwise. */
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
+/* --recompute's comma list ("gelu", "layernorm", "fp8", or "none") -> the recompute_* options;
+ * NG_ERR_INPUT with a hint otherwise. */
+enum ng_status ng_step_parse_recompute(const char *what, struct ng_step_options *opt);
 /* The bits back as text ("fwd,bwd" ..., "auto: fwd" once the device chose). */
 const char *ng_step_gelu_fusion_name(int mask);
 

@@ -25,7 +25,7 @@
 
 /* Flags shared by plan and dump (besides [model] [batch]). */
 struct plan_args {
-	const char *recompute; /* "gelu,layernorm", "gelu", "layernorm", "none" */
+	const char *recompute; /* comma list of gelu, layernorm, fp8; or "none" */
 	long long head_chunk;  /* rows per classifier chunk, 0 = whole */
 	const char *gelu;      /* --gelu-fusion: auto | fwd,bwd | fwd | bwd | none */
 	bool deterministic;    /* deterministic reductions */
@@ -45,7 +45,7 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 	a->step = "train";
 	struct ng_flag t[PLAN_NFLAGS] = {
 		{ "--recompute", NG_FLAG_STRING, &a->recompute, 0, 0, "WHAT",
-		  "recompute in the backward: gelu,layernorm | gelu | layernorm | none", false },
+		  "recompute to save memory: a comma list of gelu, layernorm, fp8; or none", false },
 		{ "--head-chunk", NG_FLAG_INT, &a->head_chunk, 0, 1 << 30, "ROWS",
 		  "classifier rows per chunk (0 = all B*T rows at once; 16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &a->gelu, 0, 0, "WHAT",
@@ -65,30 +65,6 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 	memcpy(f, t, sizeof(t));
 }
 
-/* Parse --recompute's comma list into the options. */
-static enum ng_status parse_recompute(const char *s, struct ng_step_options *o)
-{
-	o->recompute_gelu = o->recompute_layernorm = 0;
-	if (strcmp(s, "none") == 0)
-		return NG_OK;
-	char buf[64];
-	if (strlen(s) >= sizeof(buf))
-		return ng_fail(NG_ERR_INPUT, "--recompute '%.20s...' is too long", s);
-	strcpy(buf, s);
-	for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
-		if (strcmp(w, "gelu") == 0) {
-			o->recompute_gelu = 1;
-		} else if (strcmp(w, "layernorm") == 0) {
-			o->recompute_layernorm = 1;
-		} else {
-			ng_fail(NG_ERR_INPUT, "--recompute: unknown item '%s'", w);
-			ng_hint("use --recompute gelu,layernorm, gelu, layernorm or none");
-			return NG_ERR_INPUT;
-		}
-	}
-	return NG_OK;
-}
-
 /* Resolve the flags and build the planned step into g. */
 static enum ng_status build(const struct ng_model_args *ma, const struct plan_args *pa,
 			    struct ng_shape *shape, struct ng_graph *g)
@@ -98,7 +74,7 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 		return st;
 	struct ng_step_options o;
 	ng_step_default_options(&o);
-	if ((st = parse_recompute(pa->recompute, &o)))
+	if ((st = ng_step_parse_recompute(pa->recompute, &o)))
 		return st;
 	o.head_chunk_rows = (int)pa->head_chunk;
 	if (pa->gelu && (st = ng_step_parse_gelu_fusion(pa->gelu, &o.fuse_gelu)))
@@ -202,7 +178,8 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	       ng_step_gelu_fusion_name(g->fuse_gelu), pa->fp8 ? "every kind (forward, dinp)" : "off",
 	       g->align);
 	printf("  %-34s %10.1f MiB\n",
-	       pa->fp8 ? "parameters (bf16 + low half + E4M3, W^T)" : "parameters (bf16 + low half)",
+	       pa->fp8 && !g->recompute_fp8 ? "parameters (bf16 + low half + E4M3, W^T)"
+					    : "parameters (bf16 + low half)",
 	       s->params / MIB);
 	printf("  %-34s %10.1f MiB\n", "gradients (fp32)", s->grads / MIB);
 	printf("  %-34s %10.1f MiB\n", "optimizer state (AdamW m, v)", s->optimizer / MIB);
@@ -233,9 +210,11 @@ static void print_json(const struct ng_graph *g, const struct ng_shape *sh,
 	printf("{\"step\":\"%s\",\"layers\":%d,\"heads\":%d,\"channels\":%d,\"seq_len\":%d,"
 	       "\"vocab\":%d,\"padded_vocab\":%d,\"batch\":%d,\"micro_batches\":%d,"
 	       "\"n_params\":%zu,\"recompute_gelu\":%d,\"recompute_layernorm\":%d,"
+	       "\"recompute_fp8\":%d,"
 	       "\"head_chunk_rows\":%d,\"fuse_gelu\":%d,\"fp8\":%d,\"align\":%zu,", pa->step,
 	       g->cfg.L, g->cfg.H, g->cfg.C, sh->T, g->cfg.V, g->cfg.Vp, sh->B, sh->K,
-	       g->lay.n_params, g->recompute_gelu, g->recompute_layernorm, g->head_chunk_rows,
+	       g->lay.n_params, g->recompute_gelu, g->recompute_layernorm, g->recompute_fp8,
+	       g->head_chunk_rows,
 	       g->fuse_gelu, pa->fp8 ? NG_FP8_EVERY : 0, g->align);
 	printf("\"arena_bytes\":%zu,\"lower_bound_bytes\":%zu,\"params_bytes\":%zu,"
 	       "\"grads_bytes\":%zu,\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,"
@@ -316,6 +295,7 @@ static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const struct
 	ng_step_default_options(&c.step);
 	c.step.recompute_gelu = g->recompute_gelu;
 	c.step.recompute_layernorm = g->recompute_layernorm;
+	c.step.recompute_fp8 = g->recompute_fp8;
 	c.step.head_chunk_rows = g->head_chunk_rows;
 	c.step.fuse_gelu = g->fuse_gelu & ~NG_GELU_FUSE_AUTO; /* as drawn, not re-timed */
 	c.step.fp8 = g->fp8;

@@ -72,8 +72,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--autotune", NG_FLAG_BOOL, &o.autotune, 0, 0, NULL,
 		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time", false },
 		{ "--recompute", NG_FLAG_STRING, &o.recompute, 0, 0, "WHAT",
-		  "GPU: recompute in the backward to save memory: gelu,layernorm | gelu | layernorm | "
-		  "none (none)", false },
+		  "GPU: recompute to save memory, a comma list of gelu, layernorm and fp8 (with --fp8: "
+		  "cast each E4M3 weight at its use instead of keeping copies), or none (none)",
+		  false },
 		{ "--head-chunk", NG_FLAG_INT, &o.head_chunk, 0, 1 << 30, "ROWS",
 		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &o.gelu_fusion, 0, 0, "WHAT",
@@ -125,11 +126,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	st = ng_cli_resolve_shape(&ma, &o.shape);
 	if (st)
 		return st;
-	if (o.recompute && strcmp(o.recompute, "none") != 0 &&
-	    strcmp(o.recompute, "gelu") != 0 && strcmp(o.recompute, "layernorm") != 0 &&
-	    strcmp(o.recompute, "gelu,layernorm") != 0 && strcmp(o.recompute, "layernorm,gelu") != 0)
-		return ng_fail(NG_ERR_INPUT, "train --recompute: '%s' is not gelu,layernorm | gelu | "
-			       "layernorm | none", o.recompute);
+	struct ng_step_options rc;
+	if (o.recompute && (st = ng_step_parse_recompute(o.recompute, &rc)))
+		return st;
 	int gelu_mask;
 	if (o.gelu_fusion && (st = ng_step_parse_gelu_fusion(o.gelu_fusion, &gelu_mask)))
 		return st;

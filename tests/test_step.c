@@ -54,6 +54,7 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	ng_step_default_options(o);
 	o->recompute_gelu = (int)ng_rng_below(&rng_, 2);
 	o->recompute_layernorm = (int)ng_rng_below(&rng_, 2);
+	o->recompute_fp8 = (int)ng_rng_below(&rng_, 2);
 	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
 	o->fp8 = (int)ng_rng_below(&rng_, 33); /* NG_FP8_* bits, 32 = AUTO alone: none */
@@ -384,15 +385,23 @@ Test(step, fp8_graphs, .init = setup_)
 		cr_assert_eq(ng_step_build_sample(&sa, &c, B, T, &o), NG_OK);
 		cr_assert_eq(count_kind(&tr, NG_OP_FP8_PREP), 1);
 		int prep = -1, first_fwd = -1, n_fp8 = 0, chunks = 0, n_dinp8 = 0;
+		const int rec8 = o.recompute_fp8; /* weights cast in each matmul's scratch */
+		cr_assert_eq(tr.recompute_fp8, rec8);
+		if (rec8)
+			cr_assert(tr.t_params_fp8 < 0 && tr.t_params_fp8t < 0);
 		for (int i = 0; i < tr.n_ops; i++) {
 			const struct ng_op *op = &tr.ops[i];
 			if (op->kind == NG_OP_FP8_PREP) {
 				prep = i;
 				cr_assert_eq(op->in[0], tr.t_params_bf16);
-				cr_assert_eq(op->out[0], tr.t_params_fp8);
 				cr_assert_eq(op->in[1], tr.t_fp8_state);
-				cr_assert_eq(op->n_out, mask & NG_FP8_DINP_ALL ? 3 : 2);
-				if (mask & NG_FP8_DINP_ALL)
+				cr_assert_eq(op->out[0], tr.t_fp8_state);
+				/* the E4M3 copies it writes, unless the matmuls cast their own */
+				int copies = rec8 ? 0 : 1 + !!(mask & NG_FP8_DINP_ALL);
+				cr_assert_eq(op->n_out, 1 + copies);
+				if (copies)
+					cr_assert_eq(op->out[1], tr.t_params_fp8);
+				if (copies > 1)
 					cr_assert_eq(op->out[2], tr.t_params_fp8t);
 			}
 			if (op->phase == NG_PHASE_FORWARD && first_fwd < 0)
@@ -402,7 +411,8 @@ Test(step, fp8_graphs, .init = setup_)
 				cr_assert_eq(op->fp8, want, "%s (mask %d)", op->name, mask);
 				if (!want)
 					continue;
-				cr_assert_eq(op->in[op->n_in - 2], tr.t_params_fp8t, "%s", op->name);
+				cr_assert_eq(op->in[op->n_in - 2], rec8 ? tr.t_params_bf16 : tr.t_params_fp8t,
+					     "%s", op->name);
 				cr_assert_eq(op->in[op->n_in - 1], tr.t_fp8_state, "%s", op->name);
 				cr_assert_eq(op->n_in, op->gelu ? 5 : 4, "%s", op->name);
 				cr_assert_geq(ng_fp8_dinp_slot(c.L, op->which, op->layer),
@@ -411,8 +421,9 @@ Test(step, fp8_graphs, .init = setup_)
 					    : op->which == NG_OP_WHICH_FC ? 4 * (size_t)c.C
 									  : (size_t)c.C;
 				cr_assert_geq(tr.tensors[op->scratch].bytes,
-					      ng_fp8_input_bytes((size_t)op->row_count, oc), "%s",
-					      op->name);
+					      ng_fp8_input_bytes((size_t)op->row_count, oc) +
+						      (rec8 ? ng_fp8_weight_bytes(&c, op->which) : 0),
+					      "%s", op->name);
 				n_dinp8++;
 				continue;
 			}
@@ -425,8 +436,10 @@ Test(step, fp8_graphs, .init = setup_)
 			}
 			chunks += op->which == NG_OP_WHICH_HEAD;
 			cr_assert_eq(op->fp8, 1, "%s", op->name);
-			cr_assert_eq(op->in[2], tr.t_params_fp8);
+			cr_assert_eq(op->in[2], rec8 ? tr.t_params_bf16 : tr.t_params_fp8);
 			cr_assert_eq(op->in[3], tr.t_fp8_state);
+			size_t w8 = rec8 ? ng_fp8_weight_bytes(&c, op->which) : 0;
+			cr_assert_geq(tr.tensors[op->scratch].bytes, w8, "%s", op->name);
 			cr_assert_geq(ng_fp8_slot(c.L, op->which, op->layer), 0, "%s", op->name);
 			/* LayerNorm inputs come as the LayerNorm's E4M3 copy, the others are cast */
 			int from_ln = op->which == NG_OP_WHICH_QKV || op->which == NG_OP_WHICH_FC ||
@@ -445,7 +458,7 @@ Test(step, fp8_graphs, .init = setup_)
 					  "%s: written by %s", op->name, w->name);
 			} else {
 				cr_assert_geq(tr.tensors[op->scratch].bytes,
-					      ng_fp8_input_bytes((size_t)op->row_count, ic), "%s",
+					      ng_fp8_input_bytes((size_t)op->row_count, ic) + w8, "%s",
 					      op->name);
 			}
 			n_fp8++;
@@ -470,8 +483,9 @@ Test(step, fp8_graphs, .init = setup_)
 				       !!(mask & NG_FP8_HEAD)), "mask %d", mask);
 		cr_assert(tr.fp8 == mask && !ev.fp8 && !sa.fp8);
 		cr_assert_eq(tr.tensors[tr.t_fp8_state].bytes, ng_fp8_state_floats(c.L) * 4);
-		cr_assert_eq(tr.tensors[tr.t_params_fp8].bytes, tr.lay.total);
-		if (mask & NG_FP8_DINP_ALL) /* the fp8 dinp kinds' W^T, back to back */
+		if (!rec8)
+			cr_assert_eq(tr.tensors[tr.t_params_fp8].bytes, tr.lay.total);
+		if ((mask & NG_FP8_DINP_ALL) && !rec8) /* the fp8 dinp kinds' W^T, back to back */
 			cr_assert_eq(tr.tensors[tr.t_params_fp8t].bytes,
 				     ng_fp8t_at(&tr.lay, mask, 4));
 		else
@@ -482,11 +496,14 @@ Test(step, fp8_graphs, .init = setup_)
 			cr_assert_eq(count_kind(q, NG_OP_FP8_PREP), 0);
 			for (int i = 0; i < q->n_ops; i++)
 				cr_assert_eq(q->ops[i].fp8, 0);
-			cr_assert_eq(q->tensors[q->t_params_fp8].offset,
-				     tr.tensors[tr.t_params_fp8].offset);
+			if (rec8)
+				cr_assert_eq(q->t_params_fp8, -1);
+			else
+				cr_assert_eq(q->tensors[q->t_params_fp8].offset,
+					     tr.tensors[tr.t_params_fp8].offset);
 			cr_assert_eq(q->tensors[q->t_fp8_state].offset,
 				     tr.tensors[tr.t_fp8_state].offset);
-			if (mask & NG_FP8_DINP_ALL)
+			if ((mask & NG_FP8_DINP_ALL) && !rec8)
 				cr_assert_eq(q->tensors[q->t_params_fp8t].offset,
 					     tr.tensors[tr.t_params_fp8t].offset);
 		}

@@ -91,6 +91,7 @@ static void step_matches(int fuse, int fp8)
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
 	c.step.fuse_gelu = fuse;
 	c.step.fp8 = fp8 ? NG_FP8_EVERY : 0; /* every kind, untimed */
+	c.step.recompute_fp8 = fp8 == 2;     /* 2: the matmuls cast their own weights */
 	/* bounds: bf16 as the file's comment says; fp8 forward matmuls see both operands rounded
 	 * to E4M3 (unit roundoff u8 = 2^-4), a relative error of about sqrt(2/3) u8 = 0.051 per
 	 * matmul output, and the loss (near log V at init, its logits small) 2e-2. The dinp
@@ -223,6 +224,7 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 	}
 	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 1);
 	step_matches(NG_GELU_FUSE_FWD, 1);
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 2);
 }
 
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
@@ -232,6 +234,7 @@ static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 	tiny_config(&c, T, 128, 2, 512, 2, 2);
 	c.deterministic = 1;
 	c.step.fp8 = fp8 ? NG_FP8_EVERY : 0; /* every kind, untimed */
+	c.step.recompute_fp8 = fp8 == 2;     /* 2: --recompute fp8 */
 	c.no_graph = no_graph;
 	c.sched.total = steps;
 	struct ng_exec e;
@@ -283,7 +286,7 @@ Test(train_gpu, graph_equals_eager_deterministic)
 }
 
 /* --fp8 over 20 steps: the scales roll from step to step inside the graph, so graph and eager
- * must still agree bit for bit, and the loss must follow the bf16 run's: each step's loss
+ * must still agree bit for bit, and so must --recompute fp8 (each matmul casts its weights), and the loss must follow the bf16 run's: each step's loss
  * within 2e-2 relative (the bound of fp8_step_matches_cpu_reference), and falling. */
 Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 {
@@ -294,10 +297,14 @@ Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 	if (major * 10 + minor < 89)
 		cr_skip_test("no FP8 on sm_%d%d", major, minor);
 	enum { STEPS = 20 };
-	float a[STEPS], b[STEPS], r[STEPS];
+	float a[STEPS], b[STEPS], r[STEPS], w[STEPS];
 	run_losses(0, 128, a, STEPS, 1);
 	run_losses(1, 128, b, STEPS, 1);
 	run_losses(0, 128, r, STEPS, 0);
+	run_losses(0, 128, w, STEPS, 2); /* weights cast at each use: the same bytes */
+	for (int i = 0; i < STEPS; i++)
+		cr_expect(memcmp(&a[i], &w[i], sizeof(float)) == 0, "fp8 step %d: copies %.9g, "
+			  "--recompute fp8 %.9g", i + 1, a[i], w[i]);
 	double worst = 0;
 	for (int i = 0; i < STEPS; i++) {
 		cr_expect(memcmp(&a[i], &b[i], sizeof(float)) == 0, "fp8 step %d: graph %.9g eager "
