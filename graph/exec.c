@@ -555,7 +555,7 @@ static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_gra
 					  ng_bf16 *dinp, void *scratch, cudaStream_t s)
 {
 	const int L = g->cfg.L, slot = ng_fp8_dinp_slot(L, op->which, op->layer);
-	if (slot < 0 || op->n_in < 4 || g->t_params_fp8t < 0)
+	if (slot < 0 || op->n_in < 4 || (g->t_params_fp8t < 0 && !g->recompute_fp8))
 		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 dinp matmul of the step", op->name);
 	const int wslot = ng_fp8_slot(L, op->which, op->layer), k = op->which - NG_OP_WHICH_QKV;
 	size_t rows = (size_t)op->row_count, oc = (size_t)mm->spec.OC, ic = (size_t)mm->spec.IC;
