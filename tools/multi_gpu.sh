@@ -15,6 +15,11 @@
 set -uo pipefail
 steps=${1:-60}
 run_limit=${RUN_LIMIT:-300} # seconds a two-rank run may take: a hang is reported, not waited out
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ] && [ "$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)" -lt 2 ]; then
+  echo "tools/multi_gpu.sh: CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES' shows fewer than 2 GPUs" \
+    "(two ranks on one GPU hang in NCCL); unset it or list two" >&2
+  exit 2
+fi
 out=${OUT:-multi-gpu-out}
 build=${BUILD:-build}
 mkdir -p "$out"
