@@ -906,7 +906,7 @@ static enum ng_status capture(struct ng_exec *e, const struct ng_graph *g, const
  * are ~1/(N*K) small; E5M2's smallest is 2^-16). Each gradient slot's history starts with the
  * maximum that gives the scale N*K (undoing the mean) instead; the real maxima replace it as it
  * leaves the window (NG_FP8_HISTORY steps). Fields as graph/step.h "FP8". */
-static enum ng_status seed_grad_scales(struct ng_exec *e, const struct ng_graph *g)
+enum ng_status ng_exec_seed_grad_scales_(struct ng_exec *e, const struct ng_graph *g)
 {
 	const int L = g->cfg.L, S4 = ng_fp8_fwd_slots(L), n = ng_fp8_slots(L) - S4;
 	float *h = calloc((size_t)n * NG_FP8_HISTORY, sizeof(float));
@@ -917,9 +917,13 @@ static enum ng_status seed_grad_scales(struct ng_exec *e, const struct ng_graph 
 		h[(size_t)k * NG_FP8_HISTORY] =
 			(float)(NG_FP8_E5M2_MAX / (ldexp(1.0, NG_FP8_ACT_MARGIN) * tokens));
 	float *f = ng_exec_tensor_(e, g, g->t_fp8_state);
-	enum ng_status st = NG_CUDA_CHECK(cudaMemcpy(
+	/* on e->stream, after the memset that zeroed the state (a plain cudaMemcpy would run on
+	 * the legacy stream, unordered with this non-blocking one), and waited for before h goes */
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpyAsync(
 		f + ng_fp8_field_at(L, NG_FP8_HIST) + (size_t)S4 * NG_FP8_HISTORY, h,
-		(size_t)n * NG_FP8_HISTORY * sizeof(float), cudaMemcpyHostToDevice));
+		(size_t)n * NG_FP8_HISTORY * sizeof(float), cudaMemcpyHostToDevice, e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	free(h);
 	return st;
 }
@@ -941,7 +945,7 @@ static enum ng_status reset_state(struct ng_exec *e)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, zero[i]), 0, g->tensors[zero[i]].bytes,
 						   e->stream));
 	if (!st && (g->fp8 & NG_FP8_DINP_ALL))
-		st = seed_grad_scales(e, g);
+		st = ng_exec_seed_grad_scales_(e, g);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	return st;

@@ -191,9 +191,10 @@ enum ng_status ng_exec_upload_params_(struct ng_exec *e, const float *params)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(d_lo, 0, g->tensors[g->t_params_lo].bytes,
 						   e->stream));
 	}
-	uint16_t *hi = malloc(2 * SPLIT_CHUNK * sizeof(uint16_t)), *lo = hi + SPLIT_CHUNK;
+	uint16_t *hi = malloc(2 * SPLIT_CHUNK * sizeof(uint16_t));
 	if (!hi)
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory for the parameter upload");
+	uint16_t *lo = hi + SPLIT_CHUNK;
 	for (size_t a = 0; a < total && !st; a += SPLIT_CHUNK) {
 		long long n = (long long)min_sz(SPLIT_CHUNK, total - a);
 #pragma omp parallel for schedule(static)
@@ -222,9 +223,10 @@ enum ng_status ng_exec_join_params_(struct ng_exec *e, float *params, const uint
 	const struct ng_graph *g = &e->train;
 	size_t total = g->lay.total;
 	const ng_bf16 *d_hi = ng_exec_tensor_(e, g, g->t_params_bf16);
-	uint16_t *hi = malloc(2 * SPLIT_CHUNK * sizeof(uint16_t)), *lo = hi + SPLIT_CHUNK;
+	uint16_t *hi = malloc(2 * SPLIT_CHUNK * sizeof(uint16_t));
 	if (!hi)
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory for the parameter download");
+	uint16_t *lo = hi + SPLIT_CHUNK;
 	enum ng_status st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	for (size_t a = 0; a < total && !st; a += SPLIT_CHUNK) {
 		long long n = (long long)min_sz(SPLIT_CHUNK, total - a);
@@ -310,9 +312,13 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_grads), 0,
 						   g->tensors[g->t_grads].bytes, e->stream));
-	if (!st && g->t_fp8_state >= 0) /* the scales' history is not checkpointed: it restarts */
+	/* --fp8: the scales restart here (seeded as at init); the caller uploads the state file's
+	 * fp8_state over them when it has one of this size (src/backend_cuda.c) */
+	if (!st && g->t_fp8_state >= 0)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_fp8_state), 0,
 						   g->tensors[g->t_fp8_state].bytes, e->stream));
+	if (!st && (g->fp8 & NG_FP8_DINP_ALL))
+		st = ng_exec_seed_grad_scales_(e, g);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	if (!st)

@@ -23,6 +23,8 @@ enum ng_status ng_exec_dp_gather_state_(struct ng_exec *e, float *params, float 
 
 /* The split fp32 master (kernels/split.h) to and from host floats (exec_host.c). */
 enum ng_status ng_exec_upload_params_(struct ng_exec *e, const float *params);
+/* --fp8 dinp: the gradient slots' first history entry, on a zeroed fp8_state (exec.c). */
+enum ng_status ng_exec_seed_grad_scales_(struct ng_exec *e, const struct ng_graph *g);
 enum ng_status ng_exec_join_params_(struct ng_exec *e, float *params, const uint16_t *d_lo);
 
 #endif

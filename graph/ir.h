@@ -39,7 +39,8 @@
  *                     (HEAD: {WTE, -1}, no bias); HEAD reads rows [row_start, +row_count) of
  *                     inp (N, C) and writes its chunk's logits (row_count, Vp).
  *                     Sample graphs: HEAD reads inp (B, C) (the gathered rows), row_count = B.
- *                     fp8 = 1 (train graphs built with --fp8): also in: params_fp8, fp8_state;
+ *                     fp8 = 1 (train graphs built with --fp8): also in: params_fp8 (--recompute
+ *                     fp8: params_bf16, W cast in the scratch), fp8_state;
  *                     the op casts its input rows to E4M3 at the front of its scratch (with the
  *                     slot's delayed scale, recording the rows' maximum) and multiplies them
  *                     with the E4M3 weights (graph/step.h "FP8").
@@ -55,9 +56,10 @@
  *   MATMUL_DINP       in: dout (rows, OC) bf16, params_bf16 [, aux pre-activation (N, IC) when
  *                     gelu = 1: the DGELU epilogue is fused]. out: dinp (N, IC) bf16 ("=",
  *                     rows [row_start, +row_count) for HEAD). attr which, layer, gelu, param.
- *                     fp8 = 1 (a layer kind in NG_FP8_DINP_*): also in, last: params_fp8t,
- *                     fp8_state; dout is cast to E5M2 at the front of the scratch (the slot's
- *                     delayed scale, recording its maximum) and multiplied by W^T in E4M3.
+ *                     fp8 = 1 (a layer kind in NG_FP8_DINP_*): also in, last: params_fp8t
+ *                     (--recompute fp8: params_bf16, W^T cast in the scratch), fp8_state; dout
+ *                     is cast to E5M2 at the front of the scratch (the slot's delayed scale,
+ *                     recording its maximum) and multiplied by W^T in E4M3.
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.
@@ -79,10 +81,11 @@
  *   LOGITS_OUT        (sample graphs) a marker the executor may ignore: in: logits (B, Vp) bf16,
  *                     the persistent METRIC tensor the host reads after the replay.
  *   FP8_PREP          (train graphs with --fp8, first op after the tokens) in: params_bf16,
- *                     fp8_state. out: params_fp8 (E4M3 weights of the forward matmuls, each
- *                     layer's matrix with its own current scale), fp8_state (the activation
- *                     scales rolled from the last steps' maxima) [, params_fp8t: W^T of the
- *                     fp8 dinp kinds, same scales].
+ *                     fp8_state. out: fp8_state (weight scales; activation and gradient scales
+ *                     rolled from the last steps' maxima), then unless --recompute fp8:
+ *                     params_fp8 (E4M3 weights of the forward matmuls, each layer's matrix
+ *                     with its own current scale) [, params_fp8t: W^T of the fp8 dinp kinds,
+ *                     same scales].
  *
  * References: DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op order.
  */

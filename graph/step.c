@@ -50,8 +50,12 @@ enum ng_status ng_step_parse_recompute(const char *what, struct ng_step_options 
 	if (strcmp(what, "none") == 0)
 		return NG_OK;
 	char buf[64];
-	if (strlen(what) >= sizeof(buf))
-		return ng_fail(NG_ERR_INPUT, "--recompute '%.20s...' is too long", what);
+	if (!*what || strlen(what) >= sizeof(buf)) {
+		ng_fail(NG_ERR_INPUT, "--recompute '%.20s%s' is %s", what, *what ? "..." : "",
+			*what ? "too long" : "empty");
+		ng_hint("a comma list of gelu, layernorm and fp8, or none");
+		return NG_ERR_INPUT;
+	}
 	strcpy(buf, what);
 	for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
 		if (strcmp(w, "gelu") == 0) {

@@ -33,16 +33,17 @@ extern "C" {
 /*
  * FP8 (--fp8). In the training step the chosen forward matmuls (qkv, attproj, fc, fcproj of
  * each layer, the classifier) multiply E4M3 operands into bf16 (cuBLASLt, fp32 accumulate);
- * the backward stays bf16 and reads the bf16 activations and weights as before, so only the
- * forward's rounding changes. One scale per slot: slot (which - QKV) * L + layer for the four
- * layer matmuls, 4L for the head.
+ * the chosen dinp matmuls of the four layer kinds multiply an E5M2 dout by E4M3 W^T (below);
+ * the weight gradients stay bf16 and read the bf16 activations as before. One scale per slot:
+ * slot (which - QKV) * L + layer for the four layer matmuls, 4L for the head (E4M3); 4L + 1 +
+ * the same for the dinp's dout (E5M2).
  *  - Weights: FP8_PREP casts each layer's matrix once per step with a current scale
  *    (448 / its own max |w|), after the previous step's AdamW.
  *  - Activations: delayed scaling. The cast in front of each matmul uses the slot's scale,
  *    448 / (2^NG_FP8_ACT_MARGIN x the largest maximum of the last NG_FP8_HISTORY steps), and
  *    records the maximum of what it casts; FP8_PREP rolls that into the history. In the first
  *    step (no history) the scale is 1. Values above the scale's range saturate at +-448.
- * fp8_state, f32: the fields of enum ng_fp8_field in order, each for S = 4L + 1 slots (an
+ * fp8_state, f32: the fields of enum ng_fp8_field in order, each for S = 8L + 1 slots (an
  * activation maximum is NG_FP8_ACT_AMAX_SUB floats on 128-byte lines of their own, a descale
  * every 16 bytes: cuBLASLt reads them); the history is S rows of NG_FP8_HISTORY, newest first.
  * Eval and sample graphs stay bf16.
@@ -174,8 +175,8 @@ struct ng_step_options {
 	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
 				  * DGELU as the FC-proj dinp matmul's epilogue (BWD) */
 	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
-	int fp8;                 /* NG_FP8_* bits: which forward matmuls of the training step
-				  * take E4M3 operands (below); 0: none */
+	int fp8;                 /* NG_FP8_* bits: which matmuls of the training step take fp8
+				  * operands (forward kinds, dinp kinds, AUTO; below); 0: none */
 	size_t align;            /* arena alignment in bytes; 0 = 256 */
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };

@@ -1,5 +1,5 @@
 /*
- * kernels/fp8.cu — absolute maximum, scale and E4M3 cast (see fp8.h).
+ * kernels/fp8.cu — absolute maximum, scales, E4M3 / E5M2 casts, and W / W^T casts (see fp8.h).
  *
  * Memory-bound: 8 elements per thread per pass (16-byte bf16 loads, 8-byte E4M3 stores), a
  * scalar tail, and a capped grid striding over the tensor. amax: a block maximum, then one
@@ -270,9 +270,6 @@ extern "C" enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out, const ng_bf16 *in,
 	return ng_fp8_cast_seg(NG_FP8_E4M3, out, in, scale, amax, seg_n, nseg, s);
 }
 
-/* Transposing cast, 32 x 32 tiles through shared memory: a block of 32 x 8 threads reads 32
- * rows of 32 bf16 (64-byte runs) and writes 32 columns as 32-byte runs of E4M3. Segment
- * blockIdx.z. */
 /* W and W^T in one read: 64 x 64 tiles of a segment, 256 threads. Each thread converts 2 x 8
  * elements (16-byte loads when the rows allow), writes their 8 E4M3 bytes to out (when not NULL)
  * and keeps them in a shared tile; then 4 x 4 bytes of the transpose go to out_t (when not

@@ -282,6 +282,15 @@ Test(dump, plan_json_has_the_design_fields, .init = setup_)
 	char *argv3[] = { "nanograph", "plan", "--recompute", "nonsense", NULL };
 	cr_assert_eq(run_cli(out, 4, argv3), NG_ERR_INPUT);
 	ng_clear_error();
+	/* an empty list, and fp8 weights to recast without --fp8: one line and a hint each */
+	char *argv6[] = { "nanograph", "plan", "--recompute", "", NULL };
+	cr_assert_eq(run_cli(out, 4, argv6), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "empty"), "message: %s", ng_error_message());
+	ng_clear_error();
+	char *argv7[] = { "nanograph", "plan", "--recompute", "gelu,fp8", NULL };
+	cr_assert_eq(run_cli(out, 4, argv7), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_hint(), "--fp8"), "hint: %s", ng_error_hint());
+	ng_clear_error();
 	char *argv4[] = { "nanograph", "dump", "--model", "tiny", NULL };
 	cr_assert_eq(run_cli(out, 4, argv4), NG_ERR_INPUT, "dump without --out");
 	ng_clear_error();
