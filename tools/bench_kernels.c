@@ -182,6 +182,13 @@ static enum ng_status l_fp8_cast(struct bench *b, int r, void *a)
 	return ng_fp8_cast_e4m3_seg(AT(x, 0, r), AT(x, 1, r), x->p[2], (float *)x->p[2] + 64,
 				    x->n, 1, 0);
 }
+/* FP8_PREP's W and W^T in one read: 12 fc matrices (4C, C) with one scale each. */
+static enum ng_status l_fp8_wt(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_fp8_cast_e4m3_wt_seg(AT(x, 1, r), AT(x, 2, r), AT(x, 0, r), x->p[3], 4 * b->C,
+				       b->C, 12, 0);
+}
 static enum ng_status l_res_ln_fwd_fp8(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
@@ -404,6 +411,13 @@ static void run_shape(const char *preset, int B)
 	x.p[2] = carve(b, 64 * 4 + 256);
 	x.n = N * C * 4;
 	time_kernel(b, "fp8 cast N x 4C (--fp8 fcproj input)", by, l_fp8_cast, &x);
+
+	size_t nw = (size_t)12 * 4 * C * C; /* 12 layers of fc weights */
+	by = 4.0 * (double)nw;               /* 2 bytes in, 1 for W, 1 for W^T */
+	setup(b, &x, by, 4, (size_t[]){nw * 2, nw, nw, 0});
+	x.p[3] = carve(b, 64 * 4);
+	cudaMemset(x.p[3], 0x3c, 64 * 4); /* scales: a finite float */
+	time_kernel(b, "fp8 W + W^T cast, 12 x (4C, C) (--fp8 FP8_PREP)", by, l_fp8_wt, &x);
 
 	by = 4.0 * act + 8.0 * N;
 	setup(b, &x, by, 6, (size_t[]){act, act, act, N * 4, 0, 0});
