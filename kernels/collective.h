@@ -5,7 +5,8 @@
  * stream, so the calls capture into a CUDA Graph (NCCL >= 2.9 supports stream capture).
  *
  * Shards: a flat buffer of `total` elements is split into `world` equal shards of
- * ng_collective_shard_len(total, world) = ceil(total / world) elements; rank r owns
+ * ng_collective_shard_len(total, world) = ceil(total / world) rounded up to a multiple of 4
+ * elements (aligned shards); rank r owns
  * [r * len, (r + 1) * len). The buffer must hold world * len elements (the tail past `total` is
  * padding). In-place reduce-scatter / all-gather use NCCL's documented in-place layout
  * (recvbuff = sendbuff + rank * len for reduce-scatter, sendbuff = recvbuff + rank * len for
@@ -29,7 +30,7 @@ extern "C" {
 
 struct ncclComm;
 
-/* Elements per rank of a flat buffer of `total` elements (ceil(total / world)). */
+/* Elements per rank of a flat buffer of `total` elements (ceil(total / world), up to 4k). */
 size_t ng_collective_shard_len(size_t total, int world);
 
 /* buf (n fp32) <- mean over ranks of buf, in place. */

@@ -147,10 +147,12 @@ Test(dist, srun_env, .init = clean_env)
 Test(dist, shard_len)
 {
 	cr_assert_eq(ng_collective_shard_len(10, 1), 10);
-	cr_assert_eq(ng_collective_shard_len(10, 2), 5);
-	cr_assert_eq(ng_collective_shard_len(11, 2), 6);
+	cr_assert_eq(ng_collective_shard_len(10, 2), 8); /* ceil(total / world), up to 4k */
+	cr_assert_eq(ng_collective_shard_len(11, 2), 8);
 	cr_assert_eq(ng_collective_shard_len(124475904, 8), 15559488);
-	cr_assert_eq(ng_collective_shard_len(7, 8), 1);
+	cr_assert_eq(ng_collective_shard_len(124475904, 3), 41491968);
+	cr_assert_eq(ng_collective_shard_len(124475905, 3), 41491972);
+	cr_assert_eq(ng_collective_shard_len(7, 8), 4);
 }
 
 static char rdv_dir[64];
