@@ -1066,7 +1066,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 			"free (of %.2f GiB)", e->arena_bytes / 1073741824.0, e->device_name,
 			free_b / 1073741824.0, total_b / 1073741824.0);
 		ng_hint("use a smaller --batch with --total-batch to keep the tokens per step, or "
-			"see `nanograph plan` for recompute options");
+			"--recompute gelu,layernorm (with --fp8 also fp8) and a smaller --head-chunk: "
+			"`nanograph plan` shows what each saves");
 		return NG_ERR_INPUT;
 	}
 	if (NG_CUDA_CHECK(cudaMalloc((void **)&e->arena, e->arena_bytes)))
