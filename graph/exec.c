@@ -40,19 +40,6 @@ static void *pp(const struct ng_exec *e, const struct ng_graph *g, int base, int
 	return (char *)ng_exec_tensor_(e, g, base) + off * el;
 }
 
-/* (IC, OC) of a linear layer. */
-static void linear_dims(const struct ng_gpt_config *m, enum ng_op_which w, int *ic, int *oc)
-{
-	int C = m->C;
-	switch (w) {
-	case NG_OP_WHICH_QKV: *ic = C; *oc = 3 * C; break;
-	case NG_OP_WHICH_ATTPROJ: *ic = C; *oc = C; break;
-	case NG_OP_WHICH_FC: *ic = C; *oc = 4 * C; break;
-	case NG_OP_WHICH_FCPROJ: *ic = 4 * C; *oc = C; break;
-	default: *ic = C; *oc = m->Vp; break; /* HEAD */
-	}
-}
-
 static bool is_matmul(enum ng_op_kind k)
 {
 	return k == NG_OP_MATMUL_FWD || k == NG_OP_MATMUL_DINP || k == NG_OP_MATMUL_DW;
@@ -61,7 +48,7 @@ static bool is_matmul(enum ng_op_kind k)
 static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op *op)
 {
 	struct ng_matmul_spec s = { 0 };
-	linear_dims(&e->cfg.model, op->which, &s.IC, &s.OC);
+	ng_linear_dims(&e->cfg.model, op->which, &s.IC, &s.OC);
 	s.N = op->row_count;
 	s.gelu = op->gelu;
 	s.autotune = e->cfg.autotune;
@@ -221,7 +208,7 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int fuse_bwd, 
 			continue;
 		struct ng_matmul_spec s = { .kind = dinp ? NG_MATMUL_DINP : NG_MATMUL_FWD,
 					    .autotune = e->cfg.autotune };
-		linear_dims(m, w, &s.IC, &s.OC);
+		ng_linear_dims(m, w, &s.IC, &s.OC);
 		s.N = w == NG_OP_WHICH_HEAD ? head_rows : e->cfg.B * e->cfg.T;
 		s.bias = !dinp && w != NG_OP_WHICH_HEAD;
 		s.gelu = dinp ? w == NG_OP_WHICH_FCPROJ && fuse_bwd : w == NG_OP_WHICH_FC && fuse_fwd;

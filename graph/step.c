@@ -44,7 +44,7 @@ enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
 	return NG_ERR_INPUT;
 }
 
-enum ng_status ng_step_parse_recompute(const char *what, struct ng_step_options *opt)
+enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step_options *opt)
 {
 	opt->recompute_gelu = opt->recompute_layernorm = opt->recompute_fp8 = 0;
 	if (strcmp(what, "none") == 0)
@@ -70,6 +70,12 @@ enum ng_status ng_step_parse_recompute(const char *what, struct ng_step_options 
 				"--fp8), or none");
 			return NG_ERR_INPUT;
 		}
+	}
+	if (opt->recompute_fp8 && !fp8) {
+		ng_fail(NG_ERR_INPUT, "--recompute fp8: there are E4M3 weights to recast only with "
+			"--fp8");
+		ng_hint("add --fp8, or drop fp8 from --recompute");
+		return NG_ERR_INPUT;
 	}
 	return NG_OK;
 }
@@ -429,8 +435,9 @@ static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int i
 		op.fp8 = 1;
 		op.in[op.n_in++] = g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8t;
 		op.in[op.n_in++] = g->t_fp8_state;
-		size_t oc = w == NG_OP_WHICH_QKV ? 3 * b->C : w == NG_OP_WHICH_FC ? 4 * b->C : b->C;
-		d8 = ng_fp8_input_bytes(b->N, oc) + /* dout is (N, OC); W^T cast here too */
+		int ic, oc;
+		ng_linear_dims(&g->cfg, w, &ic, &oc);
+		d8 = ng_fp8_input_bytes(b->N, (size_t)oc) + /* dout is (N, OC); W^T cast here too */
 		     (g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, w) : 0);
 	}
 	emit_p(b, op, b->ws.matmul + d8);

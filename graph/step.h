@@ -138,16 +138,26 @@ static inline size_t ng_fp8t_at(const struct ng_gpt_layout *lay, int mask, int k
  * rows are 1.6 GB of bf16 at GPT-2's vocabulary; at d12 B=64 the whole 65536 rows would hold
  * 6.6 GB at the step's peak, and four chunks measured as fast (BENCHMARKS "Memory options"). */
 #define NG_HEAD_CHUNK_DEFAULT 16384
+/* (IC, OC) of a linear layer: W is (OC, IC); the head (anything else) is (C, Vp). */
+static inline void ng_linear_dims(const struct ng_gpt_config *m, enum ng_op_which w, int *ic,
+				  int *oc)
+{
+	int C = m->C;
+	switch (w) {
+	case NG_OP_WHICH_QKV: *ic = C; *oc = 3 * C; break;
+	case NG_OP_WHICH_ATTPROJ: *ic = C; *oc = C; break;
+	case NG_OP_WHICH_FC: *ic = C; *oc = 4 * C; break;
+	case NG_OP_WHICH_FCPROJ: *ic = 4 * C; *oc = C; break;
+	default: *ic = C; *oc = m->Vp; break; /* HEAD */
+	}
+}
 /* Bytes of one layer's E4M3 W (or W^T) of a kind (the head: wte), 256-aligned: what a --recompute
  * fp8 matmul casts into its scratch. */
 static inline size_t ng_fp8_weight_bytes(const struct ng_gpt_config *c, enum ng_op_which w)
 {
-	size_t C = (size_t)c->C;
-	size_t n = w == NG_OP_WHICH_QKV ? 3 * C * C
-		   : w == NG_OP_WHICH_ATTPROJ ? C * C
-		   : (w == NG_OP_WHICH_FC || w == NG_OP_WHICH_FCPROJ) ? 4 * C * C
-		   : (size_t)c->Vp * C;
-	return (n + 255) / 256 * 256;
+	int ic, oc;
+	ng_linear_dims(c, w, &ic, &oc);
+	return ((size_t)ic * (size_t)oc + 255) / 256 * 256;
 }
 /* Bytes of the E4M3 input copy at the front of a fp8 matmul's scratch (256-aligned). */
 static inline size_t ng_fp8_input_bytes(size_t rows, size_t ic)
@@ -189,8 +199,8 @@ enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUT
  * NG_ERR_INPUT otherwise. */
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
 /* --recompute's comma list ("gelu", "layernorm", "fp8", or "none") -> the recompute_* options;
- * NG_ERR_INPUT with a hint otherwise. */
-enum ng_status ng_step_parse_recompute(const char *what, struct ng_step_options *opt);
+ * NG_ERR_INPUT with a hint otherwise, and for fp8 when fp8 (--fp8 given) is 0. */
+enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step_options *opt);
 /* The bits back as text ("fwd,bwd" ..., "auto: fwd" once the device chose). */
 const char *ng_step_gelu_fusion_name(int mask);
 

@@ -146,7 +146,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->profile = o->profile;
 	c->autotune = o->autotune;
 	if (o->recompute)
-		ng_step_parse_recompute(o->recompute, &c->step); /* checked by train */
+		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
 	c->step.head_chunk_rows = (int)o->head_chunk;
 	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO : 0;
 	if (o->gelu_fusion)

@@ -74,14 +74,8 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 		return st;
 	struct ng_step_options o;
 	ng_step_default_options(&o);
-	if ((st = ng_step_parse_recompute(pa->recompute, &o)))
+	if ((st = ng_step_parse_recompute(pa->recompute, pa->fp8, &o)))
 		return st;
-	if (o.recompute_fp8 && !pa->fp8) {
-		ng_fail(NG_ERR_INPUT, "plan --recompute fp8: there are E4M3 weights to recast only "
-			"with --fp8");
-		ng_hint("add --fp8, or drop fp8 from --recompute");
-		return NG_ERR_INPUT;
-	}
 	o.head_chunk_rows = (int)pa->head_chunk;
 	if (pa->gelu && (st = ng_step_parse_gelu_fusion(pa->gelu, &o.fuse_gelu)))
 		return st;

@@ -127,14 +127,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	if (st)
 		return st;
 	struct ng_step_options rc;
-	if (o.recompute && (st = ng_step_parse_recompute(o.recompute, &rc)))
+	if (o.recompute && (st = ng_step_parse_recompute(o.recompute, o.fp8, &rc)))
 		return st;
-	if (o.recompute && rc.recompute_fp8 && !o.fp8) {
-		ng_fail(NG_ERR_INPUT, "train --recompute fp8: there are E4M3 weights to recast only "
-			"with --fp8");
-		ng_hint("add --fp8, or drop fp8 from --recompute");
-		return NG_ERR_INPUT;
-	}
 	int gelu_mask;
 	if (o.gelu_fusion && (st = ng_step_parse_gelu_fusion(o.gelu_fusion, &gelu_mask)))
 		return st;
