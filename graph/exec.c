@@ -438,14 +438,8 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	_Static_assert(NG_FP8_ACT_AMAX_SUB == NG_FP8_AMAX_SUB &&
 			       NG_FP8_ACT_AMAX_STRIDE == NG_FP8_AMAX_STRIDE,
 		       "graph/step.h and kernels/fp8.h");
-	/* Data parallelism: each rank saw its own batch; the ranks share one scale a slot (the
-	 * maximum over ranks), as one process with the whole batch would, so every rank's state
-	 * is rank 0's, the one a checkpoint keeps. */
+	/* with several ranks the maxima arrive here reduced over them (ng_exec_dp_fp8_maxima_) */
 	enum ng_status st = NG_OK;
-	if (e->cfg.comm && e->cfg.world > 1)
-		st = ng_collective_allreduce_max_f32(e->cfg.comm,
-						     f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX),
-						     (size_t)S * NG_FP8_AMAX_FLOATS, s);
 	for (int r = 0; r < 2 && !st; r++) { /* slots [0, S4) E4M3, [S4, S) E5M2 */
 		size_t at = r ? (size_t)S4 : 0;
 		st = ng_fp8_roll_scales_fmt(r ? NG_FP8_E5M2 : NG_FP8_E4M3,

@@ -13,6 +13,7 @@
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
+#include "kernels/fp8.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/optim.h"
@@ -111,6 +112,35 @@ enum ng_status ng_exec_dp_after_op_(struct ng_exec *e, const struct ng_graph *g,
 	return r ? r : r2;
 }
 
+/* --fp8 with several ranks: fold this step's maxima to a word a slot before the group that
+ * fp8_maxima_ joins (unfold = 0), and back after it (unfold = 1). Each rank saw its own
+ * batch; the ranks share one scale a slot, the maximum over them, as one process with the whole
+ * batch would; reduced at the step's end, the state between steps (what a checkpoint keeps) is
+ * the same on every rank. */
+static enum ng_status fp8_fold_(struct ng_exec *e, const struct ng_graph *g, int unfold,
+				cudaStream_t s)
+{
+	if (!g->fp8 || g->t_fp8_state < 0)
+		return NG_OK;
+	const int L = g->cfg.L;
+	float *f = ng_exec_tensor_(e, g, g->t_fp8_state);
+	return ng_fp8_amax_fold(f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX), NG_FP8_AMAX_SUB,
+				NG_FP8_AMAX_STRIDE, ng_fp8_slots(L),
+				(unsigned *)(f + ng_fp8_field_at(L, NG_FP8_AMAX_BITS)), unfold, s);
+}
+
+/* Inside GRAD_NORM's NCCL group: the folded maxima, max-reduced (a no-op without --fp8). */
+static enum ng_status fp8_maxima_(struct ng_exec *e, const struct ng_graph *g, cudaStream_t s)
+{
+	if (!g->fp8 || g->t_fp8_state < 0)
+		return NG_OK;
+	float *f = ng_exec_tensor_(e, g, g->t_fp8_state);
+	return ng_collective_allreduce_max_u32(e->cfg.comm,
+					       (unsigned *)(f + ng_fp8_field_at(g->cfg.L,
+										 NG_FP8_AMAX_BITS)),
+					       (size_t)ng_fp8_slots(g->cfg.L), s);
+}
+
 /* GRAD_NORM with overlap: join dp_stream, then all-reduce what was not sent (one group). */
 /* The step state's loss_sum and stop are mean-reduced as two adjacent floats. */
 _Static_assert(offsetof(struct ng_step_state, stop) ==
@@ -129,7 +159,12 @@ static enum ng_status ng_exec_dp_reduce_rest_(struct ng_exec *e, const struct ng
 		     NG_CUDA_CHECK(cudaStreamWaitEvent(s, e->dp_join, 0))))
 		return NG_ERR_RUNTIME;
 	float *grads = ng_exec_tensor_(e, g, g->t_grads);
-	enum ng_status r = ng_collective_group_begin();
+	enum ng_status r = fp8_fold_(e, g, 0, s);
+	if (r)
+		return r;
+	r = ng_collective_group_begin();
+	if (!r)
+		r = fp8_maxima_(e, g, s);
 	if (!r && sent == 0)
 		r = ng_collective_allreduce_mean_f32(e->cfg.comm, grads, g->lay.total, s);
 	for (int i = 0; i < NG_P_COUNT && !r && sent; i++) {
@@ -145,6 +180,8 @@ static enum ng_status ng_exec_dp_reduce_rest_(struct ng_exec *e, const struct ng
 		r = ng_collective_allreduce_mean_f32(e->cfg.comm, loss, 2, s); /* loss_sum, stop */
 	enum ng_status r2 = ng_collective_group_end();
 	memset(e->dp_sent, 0, sizeof(bool) * (size_t)L);
+	if (!r && !r2)
+		r = fp8_fold_(e, g, 1, s);
 	return r ? r : r2;
 }
 
@@ -161,7 +198,11 @@ enum ng_status ng_exec_dp_grad_norm_(struct ng_exec *e, const struct ng_graph *g
 		r = ng_exec_dp_reduce_rest_(e, g, &st->loss_sum, s);
 		return r ? r : ng_grad_norm_squared(&st->grad_norm, grads, total, scratch, s);
 	}
-	r = ng_collective_group_begin();
+	r = fp8_fold_(e, g, 0, s);
+	if (!r)
+		r = ng_collective_group_begin();
+	if (!r)
+		r = fp8_maxima_(e, g, s);
 	if (!r)
 		r = e->cfg.zero1 ? ng_collective_reduce_scatter_mean_f32(e->cfg.comm, grads,
 									 e->shard_len, e->cfg.rank, s)
@@ -169,6 +210,8 @@ enum ng_status ng_exec_dp_grad_norm_(struct ng_exec *e, const struct ng_graph *g
 	if (!r)
 		r = ng_collective_allreduce_mean_f32(e->cfg.comm, &st->loss_sum, 2, s); /* + stop */
 	enum ng_status r2 = ng_collective_group_end();
+	if (!r && !r2)
+		r = fp8_fold_(e, g, 1, s);
 	if (r || r2)
 		return r ? r : r2;
 	if (!e->cfg.zero1)

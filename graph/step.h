@@ -46,6 +46,9 @@ extern "C" {
  * fp8_state, f32: the fields of enum ng_fp8_field in order, each for S = 8L + 1 slots (an
  * activation maximum is NG_FP8_ACT_AMAX_SUB floats on 128-byte lines of their own, a descale
  * every 16 bytes: cuBLASLt reads them); the history is S rows of NG_FP8_HISTORY, newest first.
+ * With several ranks the step's maxima are max-reduced at its end (GRAD_NORM's NCCL group,
+ * through NG_FP8_AMAX_BITS: one word a slot), so between steps every rank holds the same
+ * fp8_state, and a checkpoint's (rank 0's) resumes every rank exactly.
  * Eval and sample graphs stay bf16.
  *  - Where the input of an fp8 matmul is a LayerNorm output (qkv: LN1, fc: LN2, head: LNF),
  *    that LayerNorm writes the E4M3 copy itself ("<ln>.e4m3", u8) and the matmul casts
@@ -88,7 +91,7 @@ static inline int ng_fp8_dinp_bit(enum ng_op_which w)
 #define NG_FP8_HISTORY 16
 #define NG_FP8_ACT_MARGIN 1
 enum ng_fp8_field { NG_FP8_ACT_AMAX, NG_FP8_ACT_SCALE, NG_FP8_ACT_DESCALE, NG_FP8_W_AMAX,
-		    NG_FP8_W_SCALE, NG_FP8_W_DESCALE, NG_FP8_HIST };
+		    NG_FP8_W_SCALE, NG_FP8_W_DESCALE, NG_FP8_AMAX_BITS, NG_FP8_HIST };
 static inline int ng_fp8_slots(int L) { return 8 * L + 1; }
 static inline int ng_fp8_fwd_slots(int L) { return 4 * L + 1; } /* E4M3; the rest E5M2 */
 /* First float of a field (NG_FP8_HIST: of the history rows). Fields start 16-byte aligned; the

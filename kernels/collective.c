@@ -46,10 +46,10 @@ enum ng_status ng_collective_allreduce_sum_f32(struct ncclComm *comm, float *buf
 			  "all-reduce (sum)", n);
 }
 
-enum ng_status ng_collective_allreduce_max_f32(struct ncclComm *comm, float *buf, size_t n,
+enum ng_status ng_collective_allreduce_max_u32(struct ncclComm *comm, unsigned *buf, size_t n,
 					       cudaStream_t s)
 {
-	return nccl_check(ncclAllReduce(buf, buf, n, ncclFloat32, ncclMax, comm, s), comm,
+	return nccl_check(ncclAllReduce(buf, buf, n, ncclUint32, ncclMax, comm, s), comm,
 			  "all-reduce (max)", n);
 }
 
@@ -104,7 +104,7 @@ enum ng_status ng_collective_allreduce_sum_f32(struct ncclComm *comm, float *buf
 	return no_nccl();
 }
 
-enum ng_status ng_collective_allreduce_max_f32(struct ncclComm *comm, float *buf, size_t n,
+enum ng_status ng_collective_allreduce_max_u32(struct ncclComm *comm, unsigned *buf, size_t n,
 					       cudaStream_t s)
 {
 	return no_nccl();

@@ -39,8 +39,9 @@ enum ng_status ng_collective_allreduce_mean_f32(struct ncclComm *comm, float *bu
 /* buf (n fp32) <- sum over ranks of buf, in place (norm-squared partial sums). */
 enum ng_status ng_collective_allreduce_sum_f32(struct ncclComm *comm, float *buf, size_t n,
 					       cudaStream_t s);
-/* buf (n fp32) <- maximum over ranks of buf, in place (the --fp8 activation maxima). */
-enum ng_status ng_collective_allreduce_max_f32(struct ncclComm *comm, float *buf, size_t n,
+/* buf (n u32) <- maximum over ranks of buf, in place (the --fp8 maxima as float bits,
+ * kernels/fp8.h ng_fp8_amax_fold). */
+enum ng_status ng_collective_allreduce_max_u32(struct ncclComm *comm, unsigned *buf, size_t n,
 					       cudaStream_t s);
 /* buf holds world * len fp32; afterwards buf[rank*len, (rank+1)*len) is the mean over ranks of
  * that range (the rest of buf is unspecified: NCCL may use it as it likes only for the send). */

@@ -236,6 +236,38 @@ extern "C" enum ng_status ng_fp8_roll_scales_fmt(enum ng_fp8_format fmt, float *
 	return NG_LAUNCH_CHECK("fp8_roll_seg");
 }
 
+/* fold: slot k's sub-maxima to one (its bits, so a NaN, 0x7fc00000, stays above every number)
+ * in bits[k]; unfold: bits[k] back into the slot's first sub-maximum, the others 0. */
+static __global__ void fp8_amax_fold(float *amax, int sub, int stride, int nseg, unsigned *bits,
+				     int unfold)
+{
+	int k = blockIdx.x * blockDim.x + threadIdx.x;
+	if (k >= nseg)
+		return;
+	float *a = amax + (size_t)k * sub * stride;
+	if (unfold) {
+		a[0] = __uint_as_float(bits[k]);
+		return;
+	}
+	unsigned m = 0;
+	for (int j = 0; j < sub; j++) {
+		float v = a[(size_t)j * stride];
+		m = max(m, v != v ? 0x7fc00000u : __float_as_uint(fabsf(v)));
+		a[(size_t)j * stride] = 0.0f;
+	}
+	bits[k] = m;
+}
+
+extern "C" enum ng_status ng_fp8_amax_fold(float *amax, int sub, int stride, int nseg,
+					   unsigned *bits, int unfold, cudaStream_t s)
+{
+	if (!amax || !bits || sub < 1 || stride < 1 || nseg < 1)
+		return ng_check_arg_fail("ng_fp8_amax_fold", "need device pointers, sub %d, stride "
+					 "%d and nseg %d >= 1", sub, stride, nseg);
+	fp8_amax_fold<<<(nseg + 127) / 128, 128, 0, s>>>(amax, sub, stride, nseg, bits, unfold);
+	return NG_LAUNCH_CHECK("fp8_amax_fold");
+}
+
 extern "C" enum ng_status ng_fp8_roll_scales(float *hist, float *amax, int sub, int stride,
 					     float *scale, float *descale, int nseg, int H,
 					     int margin, cudaStream_t s)

@@ -102,6 +102,12 @@ enum ng_status ng_fp8_roll_scales(float *hist,    /* (nseg, H) fp32, updated */
 				  float *scale,   /* (nseg) fp32, = */
 				  float *descale, /* (nseg x NG_FP8_DESCALE_STRIDE) fp32, = */
 				  int nseg, int H, int margin, cudaStream_t s);
+/* Data parallelism: fold each slot's sub maxima (amax as for ng_fp8_roll_scales) into one
+ * 32-bit word of bits (the float's bits: non-negative floats order like their bits, and a NaN
+ * is 0x7fc00000, above them all, so an integer max over ranks keeps it), zeroing the slot;
+ * unfold = 1 writes bits[k] back into the slot's first sub maximum. */
+enum ng_status ng_fp8_amax_fold(float *amax, int sub, int stride, int nseg, unsigned *bits,
+				int unfold, cudaStream_t s);
 /* The same for a format's range (E5M2 for gradients: 57344 / (2^margin x the maximum)). */
 enum ng_status ng_fp8_roll_scales_fmt(enum ng_fp8_format fmt, float *hist, float *amax, int sub,
 				      int stride, float *scale, float *descale, int nseg, int H,

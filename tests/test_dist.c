@@ -305,6 +305,36 @@ static int rank_main(int rank, int world, const char *path, uint64_t seed)
 				     "%g, seed %llu\n", rank, i, r, got[i], tmp[i],
 				     (unsigned long long)seed);
 	}
+	/* max over ranks of 32-bit words (the --fp8 maxima as float bits): each rank's words are
+	 * its data's bits, one of them NaN's 0x7fc00000 on the last rank */
+	enum { NW = 1001 };
+	unsigned hw[NW], gw[NW];
+	for (size_t i = 0; i < NW; i++) {
+		float v = fabsf(h[i]);
+		memcpy(&hw[i], &v, 4);
+	}
+	if (rank == world - 1)
+		hw[NW / 2] = 0x7fc00000u;
+	cudaMemcpy(dbuf, hw, sizeof(hw), cudaMemcpyHostToDevice);
+	if (ng_collective_allreduce_max_u32(d.comm, (unsigned *)dbuf, NW, s) ||
+	    cudaStreamSynchronize(s))
+		FAIL("rank %d: all-reduce max: %s\n", rank, ng_error_message());
+	cudaMemcpy(gw, dbuf, sizeof(gw), cudaMemcpyDeviceToHost);
+	for (size_t i = 0; i < NW; i++) {
+		unsigned w = 0;
+		for (int r = 0; r < world; r++) {
+			rank_data(seed, r, tmp, np);
+			float v = fabsf(tmp[i]);
+			unsigned b;
+			memcpy(&b, &v, 4);
+			if (r == world - 1 && i == NW / 2)
+				b = 0x7fc00000u;
+			w = b > w ? b : w;
+		}
+		if (gw[i] != w)
+			FAIL("rank %d: all-reduce max differs at %zu: %08x vs %08x, seed %llu\n",
+			     rank, i, gw[i], w, (unsigned long long)seed);
+	}
 	cudaFree(dbuf);
 	cudaFree(d16);
 	ng_dist_free(&d);

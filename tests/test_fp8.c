@@ -691,3 +691,55 @@ Test(fp8, matmul_bad_specs)
 	ng_clear_error();
 	ng_matmul_ctx_free(&ctx);
 }
+
+/* Data parallelism: each slot's 32 sub maxima folded to one word (the float's bits, NaN as
+ * 0x7fc00000 above every number), the slot zeroed, then unfolded into its first sub maximum;
+ * the roll that follows reads the same maximum as from the unfolded slots. */
+Test(fp8, amax_fold_and_unfold)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = seed_now_();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	enum { S = 7, SUB = NG_FP8_AMAX_SUB, STRIDE = NG_FP8_AMAX_STRIDE };
+	static float h[S * SUB * STRIDE], back[S * SUB * STRIDE];
+	unsigned want[S], got[S];
+	for (int k = 0; k < S; k++) {
+		float m = 0;
+		for (int j = 0; j < SUB; j++) {
+			float v = k == 2 ? 0.0f : (float)fabs(ng_rng_normal(&r)) *
+							  (float)ldexp(1.0, (int)ng_rng_below(&r, 60) - 30);
+			h[((size_t)k * SUB + j) * STRIDE] = v;
+			m = v > m ? v : m;
+		}
+		memcpy(&want[k], &m, 4);
+	}
+	h[((size_t)4 * SUB + 5) * STRIDE] = NAN; /* slot 4 saw a NaN */
+	want[4] = 0x7fc00000u;
+	void *ba, *bb;
+	float *da = dev_(&ba, sizeof(h), 0);
+	unsigned *db = dev_(&bb, sizeof(want), 0);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(da, h, sizeof(h), cudaMemcpyHostToDevice)));
+	cr_assert_eq(ng_fp8_amax_fold(da, SUB, STRIDE, S, db, 0, 0), NG_OK, "%s",
+		     ng_error_message());
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(got, db, sizeof(got), cudaMemcpyDeviceToHost)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(back, da, sizeof(back), cudaMemcpyDeviceToHost)));
+	for (int k = 0; k < S; k++)
+		cr_expect_eq(got[k], want[k], "seed %llu slot %d: %08x vs %08x",
+			     (unsigned long long)seed, k, got[k], want[k]);
+	for (size_t i = 0; i < S * SUB * STRIDE; i++)
+		cr_expect_eq(back[i], 0.0f, "folded slots are zeroed (%zu)", i);
+	cr_assert_eq(ng_fp8_amax_fold(da, SUB, STRIDE, S, db, 1, 0), NG_OK);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(back, da, sizeof(back), cudaMemcpyDeviceToHost)));
+	for (int k = 0; k < S; k++) {
+		unsigned b;
+		memcpy(&b, &back[(size_t)k * SUB * STRIDE], 4);
+		cr_expect(b == want[k] || (k == 4 && back[(size_t)k * SUB * STRIDE] !=
+							    back[(size_t)k * SUB * STRIDE]),
+			  "slot %d unfolded %08x vs %08x", k, b, want[k]);
+	}
+	cr_expect_eq(ng_fp8_amax_fold(NULL, SUB, STRIDE, S, db, 0, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	cudaFree(ba), cudaFree(bb);
+}
