@@ -14,7 +14,11 @@
  * A first line per shape times cudaMemcpyAsync of an (N, C) bf16 tensor: what a plain copy of
  * that size reaches (d48's 105 MB: ~72%, the launch and the ramp weigh on a 25 us copy).
  * --gpu-time queues a ~100 us filler kernel ahead of each start event, so the interval holds GPU
- * time alone (as in the step's graph replay), not the host's launch latency.
+ * time alone (as in the step's graph replay), not the host's launch latency. Each line ends with
+ * the time per launch inside a captured graph of 21 back-to-back launches (rotating copies as
+ * above; median of 7 replays): how the step's graph runs a kernel, without launch latency or
+ * the events' own cost; copies of 1/4 to 8 times the (N, C) size show how the copy rate
+ * depends on the size.
  * Usage: bench_kernels [--only SUBSTR] [--gpu-time] [d12|d48]... (default both): one line per
  * kernel, only the kernels whose name contains SUBSTR with --only.
  */
@@ -95,6 +99,55 @@ static const char *only_kernels; /* --only SUBSTR: time only the kernels whose n
 static void *filler_buf;         /* --gpu-time: (FILLER_FLOATS) fp32 read by the filler */
 #define FILLER_FLOATS (64u << 20) /* 256 MB read + 128 MB written: ~100 us on an H200 */
 
+#define GRAPH_LAUNCHES 21 /* launches captured in one graph for the "in a graph" figure */
+#define GRAPH_REPLAYS 7
+
+static cudaStream_t BS; /* the stream every launch goes to (capturable, unlike stream 0) */
+
+static void filler(void)
+{
+	if (filler_buf) /* --gpu-time: the GPU is busy while the host submits */
+		ng_cast_f32_to_bf16((ng_bf16 *)filler_buf + 2 * (size_t)FILLER_FLOATS,
+				    (const float *)filler_buf, FILLER_FLOATS, BS);
+}
+
+/* The kernel's time per launch inside a captured graph of GRAPH_LAUNCHES back-to-back launches
+ * (rotating over the copies, as above), median of GRAPH_REPLAYS replays: how the step's graph
+ * runs it, without the host's launch latency or the events' own cost. 0 when it does not
+ * capture (the launcher allocates or synchronises). */
+static double time_in_graph(struct bench *b, launch_fn fn, void *arg, cudaEvent_t e0,
+			    cudaEvent_t e1)
+{
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t ge = NULL;
+	if (cudaStreamBeginCapture(BS, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+		return 0.0;
+	enum ng_status st = NG_OK;
+	for (int i = 0; i < GRAPH_LAUNCHES && st == NG_OK; i++)
+		st = fn(b, i, arg);
+	cudaError_t e = cudaStreamEndCapture(BS, &g);
+	if (st != NG_OK || e != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+		(void)cudaGetLastError();
+		if (g)
+			cudaGraphDestroy(g);
+		return 0.0;
+	}
+	float ms[GRAPH_REPLAYS];
+	cudaGraphLaunch(ge, BS); /* warm-up */
+	for (int i = 0; i < GRAPH_REPLAYS; i++) {
+		filler();
+		cudaEventRecord(e0, BS);
+		cudaGraphLaunch(ge, BS);
+		cudaEventRecord(e1, BS);
+		cudaEventSynchronize(e1);
+		cudaEventElapsedTime(&ms[i], e0, e1);
+	}
+	cudaGraphExecDestroy(ge);
+	cudaGraphDestroy(g);
+	qsort(ms, GRAPH_REPLAYS, sizeof(float), cmp_float);
+	return ms[GRAPH_REPLAYS / 2] * 1e-3 / GRAPH_LAUNCHES;
+}
+
 /* Times one kernel, prints its line and returns the median seconds (0 when --only skips it). */
 static double time_kernel(struct bench *b, const char *kernel, double bytes, launch_fn fn,
 			  void *arg)
@@ -106,15 +159,13 @@ static double time_kernel(struct bench *b, const char *kernel, double bytes, lau
 	cudaEventCreate(&e1);
 	float ms[REPS];
 	for (int i = 0; i < WARMUP + REPS; i++) {
-		if (filler_buf) /* --gpu-time: the GPU is busy while the host submits */
-			ng_cast_f32_to_bf16((ng_bf16 *)filler_buf + 2 * (size_t)FILLER_FLOATS,
-					    (const float *)filler_buf, FILLER_FLOATS, 0);
-		cudaEventRecord(e0, 0);
+		filler();
+		cudaEventRecord(e0, BS);
 		if (fn(b, i, arg) != NG_OK) {
 			fprintf(stderr, "bench_kernels: %s: %s\n", kernel, ng_error_message());
 			exit(1);
 		}
-		cudaEventRecord(e1, 0);
+		cudaEventRecord(e1, BS);
 		cudaEventSynchronize(e1);
 		if (i >= WARMUP)
 			cudaEventElapsedTime(&ms[i - WARMUP], e0, e1);
@@ -126,9 +177,14 @@ static double time_kernel(struct bench *b, const char *kernel, double bytes, lau
 	}
 	qsort(ms, REPS, sizeof(float), cmp_float);
 	double t = ms[REPS / 2] * 1e-3;
-	printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB, %d cop%s)\n",
-	       b->name, kernel, t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / COPY_BW, bytes / 1e6,
-	       b->copies, b->copies == 1 ? "y" : "ies");
+	double tg = time_in_graph(b, fn, arg, e0, e1);
+	printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB, %d cop%s)", b->name,
+	       kernel, t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / COPY_BW, bytes / 1e6, b->copies,
+	       b->copies == 1 ? "y" : "ies");
+	if (tg > 0)
+		printf("  in a graph: %.1f us %.1f%%\n", tg * 1e6, 100.0 * bytes / tg / COPY_BW);
+	else
+		printf("  in a graph: n/a\n");
 	cudaEventDestroy(e0);
 	cudaEventDestroy(e1);
 	return t;
@@ -147,31 +203,31 @@ struct bufs {
 static enum ng_status l_encoder_fwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_encoder_fwd(AT(x, 0, r), b->tokens, AT(x, 1, r), AT(x, 2, r), b->B, b->T, b->C, 0);
+	return ng_encoder_fwd(AT(x, 0, r), b->tokens, AT(x, 1, r), AT(x, 2, r), b->B, b->T, b->C, BS);
 }
 static enum ng_status l_copy(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return NG_CUDA_CHECK(
-		cudaMemcpyAsync(AT(x, 0, r), AT(x, 1, r), x->sz[0], cudaMemcpyDeviceToDevice, 0));
+		cudaMemcpyAsync(AT(x, 0, r), AT(x, 1, r), x->sz[0], cudaMemcpyDeviceToDevice, BS));
 }
 static enum ng_status l_encoder_bwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_encoder_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->bwd_tokens, b->B, b->T, b->C,
-			      b->Vp, x->p[3], x->sz[3], 0);
+			      b->Vp, x->p[3], x->sz[3], BS);
 }
 static enum ng_status l_ln_fwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 3, r), x->p[4],
-				x->p[4], (int)b->N, b->C, 0);
+				x->p[4], (int)b->N, b->C, BS);
 }
 static enum ng_status l_res_ln_fwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_residual_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 2, r), AT(x, 3, r),
-					 AT(x, 4, r), x->p[5], x->p[5], (int)b->N, b->C, 0);
+					 AT(x, 4, r), x->p[5], x->p[5], (int)b->N, b->C, BS);
 }
 /* --fp8: the E4M3 cast of an fcproj input (N x 4C), and LN2 with its E4M3 copy. The scale
  * (0x3c bytes: a finite float) and the maxima (NG_FP8_AMAX_FLOATS) have a buffer of their own,
@@ -180,14 +236,14 @@ static enum ng_status l_fp8_cast(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_fp8_cast_e4m3_seg(AT(x, 0, r), AT(x, 1, r), x->p[2], (float *)x->p[2] + 64,
-				    x->n, 1, 0);
+				    x->n, 1, BS);
 }
 /* FP8_PREP's W and W^T in one read: 12 fc matrices (4C, C) with one scale each. */
 static enum ng_status l_fp8_wt(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_fp8_cast_e4m3_wt_seg(AT(x, 1, r), AT(x, 2, r), AT(x, 0, r), x->p[3], 4 * b->C,
-				       b->C, 12, 0);
+				       b->C, 12, BS);
 }
 static enum ng_status l_res_ln_fwd_fp8(struct bench *b, int r, void *a)
 {
@@ -195,40 +251,40 @@ static enum ng_status l_res_ln_fwd_fp8(struct bench *b, int r, void *a)
 	return ng_residual_layernorm_fwd_fp8(AT(x, 0, r), AT(x, 1, r), AT(x, 6, r), x->p[7],
 					     (float *)x->p[7] + 64, AT(x, 2, r), AT(x, 2, r),
 					     AT(x, 3, r), AT(x, 4, r), x->p[5], x->p[5], (int)b->N,
-					     b->C, 0);
+					     b->C, BS);
 }
 static enum ng_status l_ln_bwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_layernorm_bwd(AT(x, 0, r), (float *)x->p[5], (float *)x->p[5] + b->C, AT(x, 1, r),
 				AT(x, 2, r), x->p[4], AT(x, 3, r), AT(x, 3, r), (int)b->N, b->C,
-				(char *)x->p[4] + 65536, 0);
+				(char *)x->p[4] + 65536, BS);
 }
 static enum ng_status l_gelu_fwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_gelu_fwd(AT(x, 0, r), AT(x, 1, r), x->n, 0);
+	return ng_gelu_fwd(AT(x, 0, r), AT(x, 1, r), x->n, BS);
 }
 static enum ng_status l_gelu_bwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_gelu_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 0, r), x->n, 0);
+	return ng_gelu_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 0, r), x->n, BS);
 }
 static enum ng_status l_bias_grad(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_bias_grad((float *)x->p[1], AT(x, 0, r), (int)x->n, x->oc, x->p[2], 0);
+	return ng_bias_grad((float *)x->p[1], AT(x, 0, r), (int)x->n, x->oc, x->p[2], BS);
 }
 static enum ng_status l_ce(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_crossentropy(AT(x, 1, r), AT(x, 0, r), b->targets, (int)b->N, b->V, b->Vp,
-			       1.0f / (float)b->N, 0);
+			       1.0f / (float)b->N, BS);
 }
 static enum ng_status l_ce_fwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_crossentropy_fwd(AT(x, 1, r), AT(x, 0, r), b->targets, (int)b->N, b->V, b->Vp, 0);
+	return ng_crossentropy_fwd(AT(x, 1, r), AT(x, 0, r), b->targets, (int)b->N, b->V, b->Vp, BS);
 }
 static enum ng_status l_loss_acc(struct bench *b, int r, void *a)
 {
@@ -239,23 +295,23 @@ static enum ng_status l_loss_acc(struct bench *b, int r, void *a)
 static enum ng_status l_norm(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_grad_norm_squared((float *)x->p[1], AT(x, 0, r), x->n, x->p[2], 0);
+	return ng_grad_norm_squared((float *)x->p[1], AT(x, 0, r), x->n, x->p[2], BS);
 }
 static enum ng_status l_adamw(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_adamw(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 3, r), AT(x, 4, r), x->n, 0.1f,
-			0.9f, 0.95f, 1e-8f, b->st, 0);
+			0.9f, 0.95f, 1e-8f, b->st, BS);
 }
 static enum ng_status l_cast(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_cast_f32_to_bf16(AT(x, 0, r), AT(x, 1, r), x->n, 0);
+	return ng_cast_f32_to_bf16(AT(x, 0, r), AT(x, 1, r), x->n, BS);
 }
 static enum ng_status l_split(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_tokens_split(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->B, b->T, 0);
+	return ng_tokens_split(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->B, b->T, BS);
 }
 
 /* Sets up x with k inputs of the given sizes (bytes per copy) for a working set of `ws`. */
@@ -357,6 +413,17 @@ static void run_shape(const char *preset, int B)
 	by = 2.0 * act;
 	setup(b, &x, by, 2, (size_t[]){act, act});
 	time_kernel(b, "copy (N x C bf16, cudaMemcpy)", by, l_copy, &x);
+	/* the same copy at 1/4 to 8 times that size: where the copy rate stops depending on size */
+	for (int k = -2; k <= 3; k++) {
+		if (k == 0)
+			continue;
+		size_t sz = k < 0 ? act >> -k : act << k;
+		char name[40];
+		snprintf(name, sizeof(name), "copy %.0f MB", 2.0 * sz / 1e6);
+		by = 2.0 * sz;
+		setup(b, &x, by, 2, (size_t[]){sz, sz});
+		time_kernel(b, name, by, l_copy, &x);
+	}
 
 	by = 2.0 * act + wpe * 2 + N * 4;
 	setup(b, &x, by, 3, (size_t[]){act, wte * 2, wpe * 2});
@@ -486,7 +553,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_kernels: no CUDA device\n");
 		return 1;
 	}
-	printf("# shape kernel  median-time  GB/s  %%-of-copy-bandwidth  (bytes moved, rotation)\n");
+	printf("# shape kernel  median-time  GB/s  %%-of-copy-bandwidth  (bytes moved, rotation)  "
+	       "time and %% per launch in a graph of %d\n", GRAPH_LAUNCHES);
+	if (NG_CUDA_CHECK(cudaStreamCreate(&BS))) {
+		fprintf(stderr, "bench_kernels: %s\n", ng_error_message());
+		return 1;
+	}
 	int first = 1;
 	while (first < argc && strncmp(argv[first], "--", 2) == 0) {
 		if (strcmp(argv[first], "--only") == 0 && first + 1 < argc) {
