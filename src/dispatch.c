@@ -32,6 +32,8 @@ enum ng_status ng_main(int argc, char **argv)
 {
 	if (argc < 2) {
 		usage(stderr);
+		ng_fail(NG_ERR_INPUT, "no command given");
+		ng_hint("nanograph train --model d12 trains GPT-2 124M; nanograph --help lists the commands");
 		return NG_ERR_INPUT;
 	}
 	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||

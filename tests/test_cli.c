@@ -47,6 +47,7 @@ Test(cli, version_and_help)
 
 Test(cli, bad_usage_is_exit_2)
 {
+	expect_input_error(run(NULL), "no command given");
 	expect_input_error(run("fly", NULL), "unknown command");
 	expect_input_error(run("train", "--stepz", "3", NULL), "unknown flag '--stepz'");
 	expect_input_error(run("train", "--steps", NULL), "needs a value");
