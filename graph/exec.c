@@ -362,7 +362,7 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 	case NG_OP_LAYERNORM_BWD:
 		return ng_layernorm_bwd_scratch_bytes(N, m->C);
 	case NG_OP_ENCODER_BWD:
-		return ng_encoder_bwd_scratch_bytes(g->B, g->T, m->C);
+		return ng_encoder_bwd_work_bytes(g->B, g->T, m->C);
 	case NG_OP_GRAD_NORM:
 		return ng_grad_norm_scratch_bytes(g->lay.total);
 	default:
@@ -385,6 +385,14 @@ static enum ng_status plan_graph(struct ng_exec *e, struct ng_graph *g, int **pl
 			enum ng_status st = plan_matmul(e, op, &pl[i]);
 			if (st)
 				return st;
+		}
+		if (op->kind == NG_OP_ENCODER_SORT) { /* its output holds all it writes (ir.h) */
+			struct ng_tensor *t = &g->tensors[op->out[0]];
+			size_t sb = ng_encoder_bwd_sorted_bytes(g->B, g->T);
+			if (t->bytes < sb) {
+				t->bytes = sb;
+				raised = true;
+			}
 		}
 		size_t need = scratch_need(e, g, op, pl[i]);
 		if (need == 0)
@@ -723,11 +731,26 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 					ng_exec_tensor_(e, g, op->in[1]), pp(e, g, pb, op->param[0], op->layer),
 					ng_exec_tensor_(e, g, op->in[3]), ng_exec_tensor_(e, g, op->in[4]), N, C, scratch, s);
 	}
+	case NG_OP_ENCODER_SORT: { /* on side_stream, forked here, joined by ENCODER_BWD */
+		cudaStream_t side = e->side_stream;
+		if (NG_CUDA_CHECK(cudaEventRecord(e->side_fork, s)) ||
+		    NG_CUDA_CHECK(cudaStreamWaitEvent(side, e->side_fork, 0)))
+			return NG_ERR_RUNTIME;
+		enum ng_status st = ng_encoder_bwd_sort(ng_exec_tensor_(e, g, op->out[0]),
+							g->tensors[op->out[0]].bytes,
+							ng_exec_tensor_(e, g, op->in[0]), B, T, m->Vp, side);
+		if (st)
+			return st;
+		return NG_CUDA_CHECK(cudaEventRecord(e->side_join, side));
+	}
 	case NG_OP_ENCODER_BWD: {
 		int gb = op->out[0];
-		return ng_encoder_bwd(pp(e, g, gb, NG_P_WTE, -1), pp(e, g, gb, NG_P_WPE, -1),
-				      ng_exec_tensor_(e, g, op->in[0]), ng_exec_tensor_(e, g, op->in[1]), B, T, C, m->Vp,
-				      scratch, g->tensors[op->scratch].bytes, s);
+		if (NG_CUDA_CHECK(cudaStreamWaitEvent(s, e->side_join, 0)))
+			return NG_ERR_RUNTIME;
+		return ng_encoder_bwd_sorted(pp(e, g, gb, NG_P_WTE, -1), pp(e, g, gb, NG_P_WPE, -1),
+					     ng_exec_tensor_(e, g, op->in[0]),
+					     ng_exec_tensor_(e, g, op->in[1]), B, T, C, m->Vp, scratch,
+					     g->tensors[op->scratch].bytes, s);
 	}
 	case NG_OP_GRAD_NORM: {
 		struct ng_step_state *st = ng_exec_tensor_(e, g, op->out[0]);
@@ -964,6 +987,9 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	}
 
 	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) ||
+	    NG_CUDA_CHECK(cudaStreamCreateWithFlags(&e->side_stream, cudaStreamNonBlocking)) ||
+	    NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->side_fork, cudaEventDisableTiming)) ||
+	    NG_CUDA_CHECK(cudaEventCreateWithFlags(&e->side_join, cudaEventDisableTiming)) ||
 	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))
 		return NG_ERR_RUNTIME;
 	enum ng_status st = ng_matmul_ctx_init(&e->mmctx, 32u << 20);
@@ -1144,6 +1170,12 @@ void ng_exec_free(struct ng_exec *e)
 	cudaFree(e->arena);
 	if (e->stream)
 		cudaStreamDestroy(e->stream);
+	if (e->side_stream)
+		cudaStreamDestroy(e->side_stream);
+	if (e->side_fork)
+		cudaEventDestroy(e->side_fork);
+	if (e->side_join)
+		cudaEventDestroy(e->side_join);
 	free(e->train_plan);
 	free(e->eval_plan);
 	free(e->op_ms);

@@ -72,6 +72,8 @@ struct ng_exec {
 	char *arena;                   /* the one device allocation */
 	size_t arena_bytes;
 	cudaStream_t stream;
+	cudaStream_t side_stream;      /* ENCODER_SORT, beside the forward (graph/ir.h) */
+	cudaEvent_t side_fork, side_join; /* its fork from stream, and its join before ENCODER_BWD */
 	cudnnHandle_t cudnn;
 	struct ng_matmul_ctx mmctx;
 	struct ng_attention att;       /* one plan: every layer has the same shape */

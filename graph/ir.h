@@ -69,7 +69,14 @@
  *   LAYERNORM_BWD     in: dln (N, C) bf16, x (the LN input, N, C) bf16, params_bf16, mean, rstd.
  *                     out: dx (accumulated += into the residual-stream gradient), grads.
  *                     attr layer, which, param.
- *   ENCODER_BWD       in: dx (B, T, C) bf16, inputs i32 (B, T). out: grads. param = {WTE, WPE}.
+ *   ENCODER_SORT      (train graphs, right after TOKENS_SPLIT) in: inputs i32 (B, T).
+ *                     out: sorted (u8, ng_encoder_bwd_sorted_bytes): the tokens sorted for the
+ *                     embedding backward. The executor runs it on a second stream forked from
+ *                     the step's and joined by ENCODER_BWD, so it overlaps the forward; its
+ *                     output holds everything it writes (cub's temporary storage too), so no
+ *                     tensor of the ops it overlaps shares its memory.
+ *   ENCODER_BWD       in: dx (B, T, C) bf16, sorted (ENCODER_SORT's). out: grads.
+ *                     param = {WTE, WPE}.
  *   GRAD_NORM         in: grads. out: step_state (grad_norm).
  *   SCHEDULE          in: step_state. out: step_state (lr, clip_scale, skipped).
  *   ADAMW             in: grads, step_state. out: params_bf16, params_lo (the two halves of the
@@ -133,7 +140,7 @@ enum ng_op_kind {
 	NG_OP_CROSSENTROPY, NG_OP_LOSS_ACCUMULATE, NG_OP_MATMUL_DINP, NG_OP_MATMUL_DW,
 	NG_OP_GELU_BWD, NG_OP_ATTENTION_BWD, NG_OP_LAYERNORM_BWD, NG_OP_ENCODER_BWD,
 	NG_OP_GRAD_NORM, NG_OP_SCHEDULE, NG_OP_ADAMW, NG_OP_STEP_FINISH, NG_OP_GATHER_ROWS,
-	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP,
+	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP, NG_OP_ENCODER_SORT,
 	NG_OP_KIND_COUNT
 };
 

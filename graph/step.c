@@ -94,7 +94,8 @@ void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,
 	ws->attn_fwd = 1 * MIB;
 	ws->attn_bwd = (size_t)B * H * (size_t)T * 4 + N * C * 4 + 1 * MIB;
 	ws->layernorm_bwd = 2 * C * sizeof(float) * 1024 + 1 * MIB;
-	ws->encoder_bwd = N * 16 + 1 * MIB;
+	ws->encoder_bwd = N * C / 8 + 1 * MIB;
+	ws->encoder_sorted = N * 24 + 1 * MIB;
 	ws->grad_norm = 1 * MIB;
 	ws->crossentropy = 0; /* the fused softmax-cross-entropy writes dlogits in place */
 }
@@ -129,6 +130,7 @@ struct fwd_out {
 	int resid_final;          /* the last block's output residual (LNF input) */
 	int lnf, meanf, rstdf;
 	int lnf8;                 /* --fp8 head: LNF's E4M3 copy (u8), else -1 */
+	int sorted;               /* train graphs: ENCODER_SORT's output, else -1 */
 };
 
 static int act(struct bld *b, const char *name, enum ng_dtype dt, int ndim, size_t s0, size_t s1,
@@ -285,6 +287,12 @@ static void build_forward(struct bld *b, struct fwd_out *f, int sample)
 			OUT(f->inputs, f->targets));
 	}
 	emit(b, &op, 0);
+	f->sorted = -1;
+	if (b->g->kind == NG_GRAPH_TRAIN) { /* early, so that it overlaps the forward (ir.h) */
+		f->sorted = act(b, "encoder_sorted", NG_DTYPE_U8, 1, b->ws.encoder_sorted, 1, 1);
+		op = mk(NG_OP_ENCODER_SORT, NG_OP_WHICH_NONE, -1, IN(f->inputs), OUT(f->sorted));
+		emit(b, &op, 0);
+	}
 	int x = act(b, "encoded", NG_DTYPE_BF16, 3, B, T, C);
 	op = mk(NG_OP_ENCODER_FWD, NG_OP_WHICH_NONE, -1, IN(f->inputs, g->t_params_bf16), OUT(x));
 	op.param[0] = NG_P_WTE;
@@ -499,7 +507,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 		matmul_bwd(b, NG_OP_WHICH_QKV, l, dqkv, ln1, dln1, -1);
 		layernorm_bwd(b, NG_OP_WHICH_LN1, l, dln1, a->resid_in, a->mean1, a->rstd1, dresid);
 	}
-	op = mk(NG_OP_ENCODER_BWD, NG_OP_WHICH_NONE, -1, IN(dresid, f->inputs), OUT(g->t_grads));
+	op = mk(NG_OP_ENCODER_BWD, NG_OP_WHICH_NONE, -1, IN(dresid, f->sorted), OUT(g->t_grads));
 	op.param[0] = NG_P_WTE;
 	op.param[1] = NG_P_WPE;
 	emit(b, &op, b->ws.encoder_bwd);
@@ -569,8 +577,6 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 		b->ws = *opt.ws;
 	else
 		ng_step_workspace_estimate(cfg, B, T, &b->ws);
-	if (!opt.deterministic)
-		b->ws.encoder_bwd = MIB; /* atomics need no buckets */
 
 	g->kind = kind;
 	g->cfg = *cfg;

@@ -174,7 +174,8 @@ struct ng_step_workspace {
 	size_t attn_fwd;      /* cuDNN SDPA forward (1 MiB) */
 	size_t attn_bwd;      /* cuDNN SDPA backward: B*H*T*4 + B*H*T*D*4 + 1 MiB */
 	size_t layernorm_bwd; /* dweight/dbias partials: 2*C floats x 1024 blocks, + 1 MiB */
-	size_t encoder_bwd;   /* deterministic wte/wpe gradient buckets: N*16 + 1 MiB */
+	size_t encoder_bwd;   /* embedding backward's long-run partial rows: N*C/8 + 1 MiB */
+	size_t encoder_sorted;/* the sorted tokens and cub's storage: N*24 + 1 MiB */
 	size_t grad_norm;     /* per-block partial sums (1 MiB) */
 	size_t crossentropy;  /* per-row partials (rows*8 + 1 MiB) */
 };

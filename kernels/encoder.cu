@@ -19,7 +19,8 @@
  * A window sees at most two long-run pieces (a long run is longer than a window). No atomics,
  * no host work: the same bits every run, capturable in a CUDA graph, and no run is summed by a
  * single block any more (the one-block-per-run version took 21 ms with all tokens equal).
- * Backward (dwpe): one thread per (t, 8 channels) sums over b in order.
+ * Backward (dwpe): per (t, 8 channels), up to 4 thread groups each sum a contiguous range of b
+ * in order, then the group sums are added in group order.
  * References: llm.c encoder_backward (which sorts on the host — avoided here); CUB
  * DeviceRadixSort::SortPairs documentation.
  */
@@ -98,22 +99,20 @@ static __global__ void encoder_pack_keys(uint32_t *v, const int32_t *tokens, int
 		v[i] = ((uint32_t)tokens[i] << pb) | (uint32_t)i;
 }
 
-/* acc[0..8) = sum over sorted slots j in [a, b), in order, of dout[pos[j], c..c+8); pos in
- * shared memory. Four rows' loads in flight before their adds (the adds stay in slot order). */
-static __device__ __forceinline__ void sum_rows8(float acc[8], const __nv_bfloat16 *__restrict__ dout,
-						 const uint32_t *pos, int a, int b, int C, int c)
+/* acc[0..8) += sum over j in [a, b), in order, of dout[row(j), c..c+8). U rows' loads in flight
+ * before their adds (the adds stay in order). */
+template <int U, class Row>
+static __device__ __forceinline__ void add_rows8(float acc[8], const __nv_bfloat16 *__restrict__ dout,
+						 Row row, int a, int b, int C, int c)
 {
-#pragma unroll
-	for (int k = 0; k < 8; k++)
-		acc[k] = 0.0f;
 	int j = a;
-	for (; j + 4 <= b; j += 4) {
-		struct ng_bf16x8 v[4];
+	for (; j + U <= b; j += U) {
+		struct ng_bf16x8 v[U];
 #pragma unroll
-		for (int u = 0; u < 4; u++)
-			v[u] = ng_load8_(dout + (size_t)pos[j + u] * C + c);
+		for (int u = 0; u < U; u++)
+			v[u] = ng_load8_(dout + row(j + u) * C + c);
 #pragma unroll
-		for (int u = 0; u < 4; u++) {
+		for (int u = 0; u < U; u++) {
 			float d[8];
 			ng_unpack8_(d, v[u]);
 #pragma unroll
@@ -123,11 +122,22 @@ static __device__ __forceinline__ void sum_rows8(float acc[8], const __nv_bfloat
 	}
 	for (; j < b; j++) {
 		float d[8];
-		ng_unpack8_(d, ng_load8_(dout + (size_t)pos[j] * C + c));
+		ng_unpack8_(d, ng_load8_(dout + row(j) * C + c));
 #pragma unroll
 		for (int k = 0; k < 8; k++)
 			acc[k] += d[k];
 	}
+}
+
+/* acc[0..8) = sum over sorted slots j in [a, b), in order, of dout[pos[j], c..c+8); pos in
+ * shared memory. */
+static __device__ __forceinline__ void sum_rows8(float acc[8], const __nv_bfloat16 *__restrict__ dout,
+						 const uint32_t *pos, int a, int b, int C, int c)
+{
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		acc[k] = 0.0f;
+	add_rows8<4>(acc, dout, [pos](int j) { return (size_t)pos[j]; }, a, b, C, c);
 }
 
 /* One block per window of K sorted slots [s0, s0 + K). Keys of slots [s0 - K, s0 + 2K) and
@@ -281,22 +291,33 @@ static __global__ void encoder_bwd_wte_combine(float *dwte, const float *part,
 	add8_f32(dwte + (size_t)key * C + c, acc);
 }
 
+/* dwpe[t, c..c+8) += sum over b of dout[b, t, c..c+8). blockDim.y groups split b into
+ * contiguous ranges (each summed in order, 8 rows' loads in flight), then group 0 adds the
+ * groups' sums in group order: a fixed order for a given B. */
+#define ENC_WPE_GROUPS_MAX 4
 static __global__ void encoder_bwd_wpe_sum_over_batch(float *dwpe, const __nv_bfloat16 *dout,
 						      int B, int T, int C)
 {
-	int t = blockIdx.x;
+	__shared__ float sh[ENC_WPE_GROUPS_MAX - 1][128 * 8];
+	int t = blockIdx.x, y = threadIdx.y, G = blockDim.y;
 	int c = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
-	if (c >= C)
-		return;
+	bool live = c < C;
+	int per = (B + G - 1) / G, b0 = y * per, b1 = min(B, b0 + per);
 	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
-	for (int b = 0; b < B; b++) {
-		float d[8];
-		ng_unpack8_(d, ng_load8_(dout + ((size_t)b * T + t) * C + c));
+	if (live)
+		add_rows8<8>(acc, dout, [T, t](int b) { return (size_t)b * T + t; }, b0, b1, C, c);
+	if (y > 0) {
 #pragma unroll
 		for (int k = 0; k < 8; k++)
-			acc[k] += d[k];
+			sh[y - 1][threadIdx.x * 8 + k] = acc[k];
 	}
+	__syncthreads();
+	if (y > 0 || !live)
+		return;
+	for (int j = 0; j < G - 1; j++)
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			acc[k] += sh[j][threadIdx.x * 8 + k];
 	add8_f32(dwpe + (size_t)t * C + c, acc);
 }
 
@@ -322,14 +343,17 @@ static size_t sort_temp_bytes(int n, int end_bit)
 	return bytes;
 }
 
-/* The scratch layout: sorted keys, positions in (or the packed keys), positions out, head/tail
- * tokens (nwin each), the pieces' partial rows (2 nwin, C) fp32, cub's temporary storage. */
+/* Two buffers. The sorted one (ng_encoder_bwd_sort writes it, ng_encoder_bwd_sorted reads it):
+ * sorted keys, positions in (or the packed keys), positions out, cub's temporary storage. The
+ * work one (ng_encoder_bwd_sorted's own): head/tail tokens (nwin each), the pieces' partial
+ * rows (2 nwin, C) fp32. ng_encoder_bwd's scratch is the two, one after the other. */
 struct enc_scratch {
-	size_t nb;    /* bytes of one (n) uint32 array, aligned */
-	size_t tokb;  /* bytes of one (nwin) uint32 array, aligned */
-	size_t partb; /* bytes of the partial rows */
-	size_t temp;  /* cub's bytes (32 key bits: enough for any Vp) */
-	size_t total; /* all of it */
+	size_t nb;     /* bytes of one (n) uint32 array, aligned */
+	size_t temp;   /* cub's bytes (32 key bits: enough for any Vp) */
+	size_t sorted; /* the sorted buffer */
+	size_t tokb;   /* bytes of one (nwin) uint32 array, aligned */
+	size_t partb;  /* bytes of the partial rows */
+	size_t work;   /* the work buffer */
 };
 
 static struct enc_scratch enc_scratch_layout(int B, int T, int C)
@@ -337,15 +361,16 @@ static struct enc_scratch enc_scratch_layout(int B, int T, int C)
 	struct enc_scratch s;
 	int n = B * T, k = enc_window(n), nwin = (n + k - 1) / k;
 	s.nb = align256((size_t)n * sizeof(uint32_t));
-	s.tokb = align256((size_t)nwin * sizeof(uint32_t));
-	s.partb = align256(2 * (size_t)nwin * C * sizeof(float));
 	s.temp = align256(sort_temp_bytes(n, 32));
 	size_t kb = 0;
 	cub::DeviceRadixSort::SortKeys(nullptr, kb, (const uint32_t *)nullptr, (uint32_t *)nullptr, n,
 				       0, 32);
 	if (align256(kb) > s.temp)
 		s.temp = align256(kb);
-	s.total = 3 * s.nb + 2 * s.tokb + s.partb + s.temp;
+	s.sorted = 3 * s.nb + s.temp;
+	s.tokb = align256((size_t)nwin * sizeof(uint32_t));
+	s.partb = align256(2 * (size_t)nwin * C * sizeof(float));
+	s.work = 2 * s.tokb + s.partb;
 	return s;
 }
 
@@ -353,7 +378,22 @@ extern "C" size_t ng_encoder_bwd_scratch_bytes(int B, int T, int C)
 {
 	if (B <= 0 || T <= 0 || C <= 0)
 		return 0;
-	return enc_scratch_layout(B, T, C).total;
+	struct enc_scratch L = enc_scratch_layout(B, T, C);
+	return L.sorted + L.work;
+}
+
+extern "C" size_t ng_encoder_bwd_sorted_bytes(int B, int T)
+{
+	if (B <= 0 || T <= 0)
+		return 0;
+	return enc_scratch_layout(B, T, 8).sorted;
+}
+
+extern "C" size_t ng_encoder_bwd_work_bytes(int B, int T, int C)
+{
+	if (B <= 0 || T <= 0 || C <= 0)
+		return 0;
+	return enc_scratch_layout(B, T, C).work;
 }
 
 static enum ng_status check_shape(const char *who, int B, int T, int C)
@@ -386,6 +426,108 @@ extern "C" enum ng_status ng_encoder_fwd(ng_bf16 *out, const int32_t *tokens, co
 	return NG_LAUNCH_CHECK("encoder_fwd_rows");
 }
 
+/* Key bits of a token below Vp, and position bits of n slots; packed: both fit in 32 bits
+ * (keys token << pb | position, sorted alone on the token bits; d12 sort 57.8 -> 52.2 us,
+ * d48 54.4 -> 46.8 us on the H200), else (token, position) pairs. */
+struct enc_bits {
+	int end_bit, pb, packed;
+};
+
+static struct enc_bits enc_bits(int n, int Vp)
+{
+	struct enc_bits k = {1, 0, 0};
+	while (k.end_bit < 32 && ((uint32_t)(Vp - 1) >> k.end_bit) != 0)
+		k.end_bit++;
+	while (k.pb < 32 && ((uint32_t)(n - 1) >> k.pb) != 0)
+		k.pb++;
+	k.packed = k.pb + k.end_bit <= 32;
+	if (!k.packed)
+		k.pb = 0;
+	return k;
+}
+
+extern "C" enum ng_status ng_encoder_bwd_sort(void *sorted, size_t sorted_bytes,
+					      const int32_t *tokens, int B, int T, int Vp,
+					      cudaStream_t s)
+{
+	const char *who = "ng_encoder_bwd_sort";
+	enum ng_status st = check_shape(who, B, T, 8);
+	if (st)
+		return st;
+	if (Vp <= 0)
+		return ng_check_arg_fail(who, "Vp must be > 0, got %d", Vp);
+	if (!ng_aligned16_(sorted))
+		return ng_check_arg_fail(who, "sorted must be 16-byte aligned");
+	struct enc_scratch L = enc_scratch_layout(B, T, 8);
+	if (sorted_bytes < L.sorted)
+		return ng_check_arg_fail(who, "sorted is %zu bytes, need %zu (B=%d T=%d)",
+					 sorted_bytes, L.sorted, B, T);
+	int n = B * T;
+	struct enc_bits k = enc_bits(n, Vp);
+	char *p = (char *)sorted;
+	uint32_t *keys_out = (uint32_t *)p;
+	uint32_t *pos_in = (uint32_t *)(p + L.nb);
+	uint32_t *pos_out = (uint32_t *)(p + 2 * L.nb);
+	void *tmp = p + 3 * L.nb;
+	size_t tb = L.temp;
+	if (k.packed) {
+		encoder_pack_keys<<<(n + 255) / 256, 256, 0, s>>>(pos_in, tokens, k.pb, n);
+		if ((st = NG_LAUNCH_CHECK("encoder_pack_keys")))
+			return st;
+		return NG_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(
+			tmp, tb, (const uint32_t *)pos_in, keys_out, n, k.pb, k.pb + k.end_bit, s));
+	}
+	encoder_iota<<<(n + 255) / 256, 256, 0, s>>>(pos_in, n);
+	if ((st = NG_LAUNCH_CHECK("encoder_iota")))
+		return st;
+	return NG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+		tmp, tb, (const uint32_t *)tokens, keys_out, (const uint32_t *)pos_in, pos_out, n, 0,
+		k.end_bit, s));
+}
+
+extern "C" enum ng_status ng_encoder_bwd_sorted(float *dwte, float *dwpe, const ng_bf16 *dout,
+						const void *sorted, int B, int T, int C, int Vp,
+						void *work, size_t work_bytes, cudaStream_t s)
+{
+	const char *who = "ng_encoder_bwd_sorted";
+	enum ng_status st = check_shape(who, B, T, C);
+	if (st)
+		return st;
+	if (Vp <= 0)
+		return ng_check_arg_fail(who, "Vp must be > 0, got %d", Vp);
+	if (!ng_aligned16_(dwte) || !ng_aligned16_(dwpe) || !ng_aligned16_(dout) ||
+	    !ng_aligned16_(sorted) || !ng_aligned16_(work))
+		return ng_check_arg_fail(who, "dwte/dwpe/dout/sorted/work must be 16-byte aligned");
+	int n = B * T, K = enc_window(n), nwin = (n + K - 1) / K;
+	struct enc_scratch L = enc_scratch_layout(B, T, C);
+	if (work_bytes < L.work)
+		return ng_check_arg_fail(who, "work is %zu bytes, need %zu (B=%d T=%d C=%d)",
+					 work_bytes, L.work, B, T, C);
+	struct enc_bits k = enc_bits(n, Vp);
+	const uint32_t *keys_out = (const uint32_t *)sorted;
+	const uint32_t *pos_out = (const uint32_t *)((const char *)sorted + 2 * L.nb);
+	char *p = (char *)work;
+	uint32_t *head_tok = (uint32_t *)p;
+	uint32_t *tail_tok = (uint32_t *)(p + L.tokb);
+	float *part = (float *)(p + 2 * L.tokb);
+	int c8 = C / 8;
+	encoder_bwd_wte_windows<<<nwin, ENC_BWD_THREADS, 0, s>>>(dwte, part, head_tok, tail_tok,
+							  (const __nv_bfloat16 *)dout, keys_out,
+							  k.packed ? nullptr : pos_out, n, C, K, k.pb);
+	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_windows")))
+		return st;
+	dim3 cgrid((unsigned)nwin, (unsigned)((c8 + NG_WARP - 1) / NG_WARP)), cblock(NG_WARP, ENC_RED_SLICES);
+	encoder_bwd_wte_combine<<<cgrid, cblock, 0, s>>>(dwte, part, head_tok, tail_tok, keys_out, n,
+							 C, K, k.pb);
+	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_combine")))
+		return st;
+	int tw = c8 < 128 ? ((c8 + 31) / 32) * 32 : 128;
+	int groups = B >= 32 ? 4 : B >= 8 ? 2 : 1; /* depends on B alone: a fixed order */
+	dim3 g((unsigned)T, (unsigned)((c8 + tw - 1) / tw)), blk((unsigned)tw, (unsigned)groups);
+	encoder_bwd_wpe_sum_over_batch<<<g, blk, 0, s>>>(dwpe, (const __nv_bfloat16 *)dout, B, T, C);
+	return NG_LAUNCH_CHECK("encoder_bwd_wpe_sum_over_batch");
+}
+
 extern "C" enum ng_status ng_encoder_bwd(float *dwte, float *dwpe, const ng_bf16 *dout,
 					 const int32_t *tokens, int B, int T, int C, int Vp,
 					 void *scratch, size_t scratch_bytes, cudaStream_t s)
@@ -394,66 +536,12 @@ extern "C" enum ng_status ng_encoder_bwd(float *dwte, float *dwpe, const ng_bf16
 	enum ng_status st = check_shape(who, B, T, C);
 	if (st)
 		return st;
-	if (Vp <= 0)
-		return ng_check_arg_fail(who, "Vp must be > 0, got %d", Vp);
-	if (!ng_aligned16_(dwte) || !ng_aligned16_(dwpe) || !ng_aligned16_(dout) ||
-	    !ng_aligned16_(scratch))
-		return ng_check_arg_fail(who, "dwte/dwpe/dout/scratch must be 16-byte aligned");
-	int n = B * T, K = enc_window(n), nwin = (n + K - 1) / K;
-	int end_bit = 1;
-	while (end_bit < 32 && ((uint32_t)(Vp - 1) >> end_bit) != 0)
-		end_bit++;
 	struct enc_scratch L = enc_scratch_layout(B, T, C);
-	if (scratch_bytes < L.total)
+	if (scratch_bytes < L.sorted + L.work)
 		return ng_check_arg_fail(who, "scratch is %zu bytes, need %zu (B=%d T=%d C=%d)",
-					 scratch_bytes, L.total, B, T, C);
-	char *p = (char *)scratch;
-	uint32_t *keys_out = (uint32_t *)p;
-	uint32_t *pos_in = (uint32_t *)(p + L.nb);
-	uint32_t *pos_out = (uint32_t *)(p + 2 * L.nb);
-	uint32_t *head_tok = (uint32_t *)(p + 3 * L.nb);
-	uint32_t *tail_tok = (uint32_t *)(p + 3 * L.nb + L.tokb);
-	float *part = (float *)(p + 3 * L.nb + 2 * L.tokb);
-	void *tmp = p + 3 * L.nb + 2 * L.tokb + L.partb;
-
-	/* pb position bits; when they fit with the token's bits in 32, sort (token << pb | position)
-	 * keys alone on the token bits (half the sort's bytes, no iota; d12 sort 57.8 -> 52.2 us,
-	 * d48 54.4 -> 46.8 us on the H200), else (token, position) pairs */
-	int pb = 0;
-	while (pb < 32 && ((uint32_t)(n - 1) >> pb) != 0)
-		pb++;
-	int packed = pb + end_bit <= 32;
-	size_t tb = L.temp;
-	if (packed) {
-		encoder_pack_keys<<<(n + 255) / 256, 256, 0, s>>>(pos_in, tokens, pb, n);
-		if ((st = NG_LAUNCH_CHECK("encoder_pack_keys")))
-			return st;
-		if ((st = NG_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(
-			     tmp, tb, (const uint32_t *)pos_in, keys_out, n, pb, pb + end_bit, s))))
-			return st;
-	} else {
-		pb = 0;
-		encoder_iota<<<(n + 255) / 256, 256, 0, s>>>(pos_in, n);
-		if ((st = NG_LAUNCH_CHECK("encoder_iota")))
-			return st;
-		if ((st = NG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-			     tmp, tb, (const uint32_t *)tokens, keys_out, (const uint32_t *)pos_in, pos_out,
-			     n, 0, end_bit, s))))
-			return st;
-	}
-	int c8 = C / 8;
-	encoder_bwd_wte_windows<<<nwin, ENC_BWD_THREADS, 0, s>>>(dwte, part, head_tok, tail_tok,
-							  (const __nv_bfloat16 *)dout, keys_out,
-							  packed ? nullptr : pos_out, n, C, K, pb);
-	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_windows")))
+					 scratch_bytes, L.sorted + L.work, B, T, C);
+	if ((st = ng_encoder_bwd_sort(scratch, L.sorted, tokens, B, T, Vp, s)))
 		return st;
-	dim3 cgrid((unsigned)nwin, (unsigned)((c8 + NG_WARP - 1) / NG_WARP)), cblock(NG_WARP, ENC_RED_SLICES);
-	encoder_bwd_wte_combine<<<cgrid, cblock, 0, s>>>(dwte, part, head_tok, tail_tok, keys_out, n,
-							 C, K, pb);
-	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_combine")))
-		return st;
-	int tw = c8 < 128 ? ((c8 + 31) / 32) * 32 : 128;
-	dim3 g((unsigned)T, (unsigned)((c8 + tw - 1) / tw));
-	encoder_bwd_wpe_sum_over_batch<<<g, tw, 0, s>>>(dwpe, (const __nv_bfloat16 *)dout, B, T, C);
-	return NG_LAUNCH_CHECK("encoder_bwd_wpe_sum_over_batch");
+	return ng_encoder_bwd_sorted(dwte, dwpe, dout, scratch, B, T, C, Vp,
+				     (char *)scratch + L.sorted, L.work, s);
 }

@@ -38,6 +38,19 @@ enum ng_status ng_encoder_bwd(float *dwte,            /* (Vp, C) fp32, += */
 			      cudaStream_t s);
 size_t ng_encoder_bwd_scratch_bytes(int B, int T, int C);
 
+/* The same in two parts, so that the sort (it depends on the tokens alone) can run early, beside
+ * the forward, on another stream (the step does: graph/ir.h ENCODER_SORT):
+ * ng_encoder_bwd_sort writes `sorted` (ng_encoder_bwd_sorted_bytes(B, T) bytes) from the tokens;
+ * ng_encoder_bwd_sorted adds the gradients from it, with `work` (ng_encoder_bwd_work_bytes)
+ * of its own. Both pointers 16-byte aligned. The two give the bits of ng_encoder_bwd. */
+enum ng_status ng_encoder_bwd_sort(void *sorted, size_t sorted_bytes, const int32_t *tokens, int B,
+				   int T, int Vp, cudaStream_t s);
+enum ng_status ng_encoder_bwd_sorted(float *dwte, float *dwpe, const ng_bf16 *dout,
+				     const void *sorted, int B, int T, int C, int Vp, void *work,
+				     size_t work_bytes, cudaStream_t s);
+size_t ng_encoder_bwd_sorted_bytes(int B, int T);
+size_t ng_encoder_bwd_work_bytes(int B, int T, int C);
+
 #ifdef __cplusplus
 }
 #endif

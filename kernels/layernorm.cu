@@ -442,10 +442,15 @@ static int staged_per_sm(int C, size_t smem)
 	return per < 1 ? 1 : per;
 }
 
+/* At most one wave, and as many rows in every block: ceil(N / cap) rows a block, so no block
+ * runs a row longer than the others (d48: 512 blocks of 32 rows, not 528 of 31 or 32). */
 static int bwd_staged_blocks(int N, int C)
 {
 	int cap = LN_BWD_SMS * staged_per_sm(C, staged_smem(LN_BWD_STAGES, 3, C));
-	return N < cap ? N : cap;
+	if (N <= cap)
+		return N;
+	int rows = (N + cap - 1) / cap;
+	return (N + rows - 1) / rows;
 }
 
 static int bwd_nblocks(int N, int C)

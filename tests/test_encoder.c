@@ -115,12 +115,33 @@ static void encoder_bwd_case(int B, int T, int C, int Vp, enum tok_mode hot)
 	void *d_dout = kt_upload(dout, nout * 2), *d_tok = kt_upload(tok, (size_t)B * T * 4);
 	void *d_scr = kt_upload(NULL, sb);
 	float *d_te = kt_upload(NULL, nwte * 4), *d_pe = kt_upload(NULL, nwpe * 4);
-	float *got_te[2], *got_pe[2];
-	for (int run = 0; run < 2; run++) {
+	float *got_te[3], *got_pe[3];
+	/* runs 0 and 1: ng_encoder_bwd; run 2: the step's way, the sort on a second stream joined
+	 * by an event before ng_encoder_bwd_sorted, each with its own buffer */
+	size_t sorted_b = ng_encoder_bwd_sorted_bytes(B, T), work_b = ng_encoder_bwd_work_bytes(B, T, C);
+	cr_assert(sorted_b > 0 && work_b > 0 && sorted_b + work_b <= sb,
+		  "encoder_bwd sizes: sorted %zu + work %zu vs scratch %zu", sorted_b, work_b, sb);
+	void *d_sorted = kt_upload(NULL, sorted_b), *d_work = kt_upload(NULL, work_b);
+	cudaStream_t side;
+	cudaEvent_t join;
+	kt_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "stream");
+	kt_cuda(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "event");
+	for (int run = 0; run < 3; run++) {
 		kt_cuda(cudaMemcpy(d_te, wte0, nwte * 4, cudaMemcpyHostToDevice), "H2D");
 		kt_cuda(cudaMemcpy(d_pe, wpe0, nwpe * 4, cudaMemcpyHostToDevice), "H2D");
-		kt_ok(ng_encoder_bwd(d_te, d_pe, d_dout, d_tok, B, T, C, Vp, d_scr, sb, 0),
-		      "ng_encoder_bwd");
+		if (run < 2) {
+			kt_ok(ng_encoder_bwd(d_te, d_pe, d_dout, d_tok, B, T, C, Vp, d_scr, sb, 0),
+			      "ng_encoder_bwd");
+		} else {
+			kt_ok(ng_encoder_bwd_sort(d_sorted, sorted_b, d_tok, B, T, Vp, side),
+			      "ng_encoder_bwd_sort");
+			kt_cuda(cudaEventRecord(join, side), "record");
+			kt_cuda(cudaStreamWaitEvent(0, join, 0), "wait");
+			kt_ok(ng_encoder_bwd_sorted(d_te, d_pe, d_dout, d_sorted, B, T, C, Vp, d_work,
+						    work_b, 0),
+			      "ng_encoder_bwd_sorted");
+			kt_cuda(cudaDeviceSynchronize(), "sync");
+		}
 		got_te[run] = kt_xmalloc(nwte * 4);
 		got_pe[run] = kt_xmalloc(nwpe * 4);
 		kt_download(got_te[run], d_te, nwte * 4);
@@ -140,8 +161,13 @@ static void encoder_bwd_case(int B, int T, int C, int Vp, enum tok_mode hot)
 		  memcmp(got_pe[0], got_pe[1], nwpe * 4) == 0,
 		  "encoder_bwd B=%d T=%d C=%d: two runs differ (not deterministic); seed %llu", B, T,
 		  C, (unsigned long long)seed);
-	for (int run = 0; run < 2; run++)
+	cr_expect(memcmp(got_te[0], got_te[2], nwte * 4) == 0 &&
+		  memcmp(got_pe[0], got_pe[2], nwpe * 4) == 0,
+		  "encoder_bwd B=%d T=%d C=%d: sort + sorted (two streams) differ from "
+		  "ng_encoder_bwd; seed %llu", B, T, C, (unsigned long long)seed);
+	for (int run = 0; run < 3; run++)
 		free(got_te[run]), free(got_pe[run]);
+	cudaStreamDestroy(side), cudaEventDestroy(join), cudaFree(d_sorted), cudaFree(d_work);
 	cudaFree(d_dout), cudaFree(d_tok), cudaFree(d_scr), cudaFree(d_te), cudaFree(d_pe);
 	free(dout), free(dout_d), free(tok), free(wte0), free(wpe0), free(ref_te), free(ref_pe);
 	free(nv_te), free(nv_pe);

@@ -217,6 +217,20 @@ static enum ng_status l_encoder_bwd(struct bench *b, int r, void *a)
 	return ng_encoder_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->bwd_tokens, b->B, b->T, b->C,
 			      b->Vp, x->p[3], x->sz[3], BS);
 }
+/* the step's split (graph/ir.h ENCODER_SORT): the sort alone into p[5], and the gradients from
+ * a sort done once before (p[5] sorted, p[6] work) */
+static enum ng_status l_encoder_sort(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	(void)r;
+	return ng_encoder_bwd_sort(x->p[5], x->sz[5], b->bwd_tokens, b->B, b->T, b->Vp, BS);
+}
+static enum ng_status l_encoder_sorted(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_encoder_bwd_sorted(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), x->p[5], b->B, b->T,
+				     b->C, b->Vp, x->p[6], x->sz[6], BS);
+}
 static enum ng_status l_ln_fwd(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
@@ -444,6 +458,16 @@ static void run_shape(const char *preset, int B)
 		printf("%-4s %-26s %10.1f us %9.1f GB/s %6.1f%% of 4.28 TB/s  (%.1f MB moved by this "
 		       "implementation)\n", b->name, "  same, implementation bytes", t * 1e6,
 		       impl / t / 1e9, 100.0 * impl / t / COPY_BW, impl / 1e6);
+	/* the step runs it in two parts (graph/ir.h ENCODER_SORT): the sort beside the forward on
+	 * a second stream, the gradients at the end of the backward */
+	by = act + 2.0 * uniq * C * 4 + 2.0 * wpe * 4;
+	x.sz[5] = ng_encoder_bwd_sorted_bytes(b->B, b->T);
+	x.p[5] = carve(b, x.sz[5]);
+	x.sz[6] = ng_encoder_bwd_work_bytes(b->B, b->T, b->C);
+	x.p[6] = carve(b, x.sz[6]);
+	time_kernel(b, "encoder_bwd sort (cub; latency-bound: 4 B a token)", 4.0 * N, l_encoder_sort,
+		    &x);
+	time_kernel(b, "encoder_bwd sorted (the step's, after the sort)", by, l_encoder_sorted, &x);
 	/* real-text-like token sets: Zipfian over V, and every token equal */
 	for (int mode = 0; mode < 2; mode++) {
 		int32_t *h2 = malloc(N * 4);
@@ -453,6 +477,13 @@ static void run_shape(const char *preset, int B)
 		by = act + 2.0 * uq * C * 4 + 2.0 * wpe * 4;
 		time_kernel(b, mode == 0 ? "encoder_bwd zipf tokens" : "encoder_bwd all equal tokens", by,
 			    l_encoder_bwd, &x);
+		if (ng_encoder_bwd_sort(x.p[5], x.sz[5], b->bwd_tokens, b->B, b->T, b->Vp, BS) ||
+		    NG_CUDA_CHECK(cudaStreamSynchronize(BS))) {
+			fprintf(stderr, "bench_kernels: %s\n", ng_error_message());
+			exit(1);
+		}
+		time_kernel(b, mode == 0 ? "encoder_bwd sorted, zipf" : "encoder_bwd sorted, all equal",
+			    by, l_encoder_sorted, &x);
 	}
 	cudaMemcpy(b->targets, b->tokens, N * 4, cudaMemcpyDeviceToDevice);
 	b->bwd_tokens = b->tokens;
