@@ -20,7 +20,8 @@
  * no host work: the same bits every run, capturable in a CUDA graph, and no run is summed by a
  * single block any more (the one-block-per-run version took 21 ms with all tokens equal).
  * Backward (dwpe): per (t, 8 channels), up to 4 thread groups each sum a contiguous range of b
- * in order, then the group sums are added in group order.
+ * in order, then the group sums are added in group order; its blocks share one launch with the
+ * windows, interleaved (encoder_bwd_windows_wpe).
  * References: llm.c encoder_backward (which sorts on the host — avoided here); CUB
  * DeviceRadixSort::SortPairs documentation.
  */
@@ -148,18 +149,19 @@ static __device__ __forceinline__ void sum_rows8(float acc[8], const __nv_bfloat
  * flight. pos NULL: keys are packed, token = key >> pb, position = the low pb bits (pb 0 and
  * pos given: plain keys). part: (2 * nwin, C) fp32, row 2w the head piece, 2w + 1 the tail piece;
  * head_tok/tail_tok (nwin): the piece's token or ENC_NONE. */
-static __global__ void __launch_bounds__(ENC_BWD_THREADS, ENC_BWD_MINB) encoder_bwd_wte_windows(float *__restrict__ dwte, float *__restrict__ part,
-					       uint32_t *head_tok, uint32_t *tail_tok,
-					       const __nv_bfloat16 *__restrict__ dout,
-					       const uint32_t *keys, const uint32_t *pos, int n,
-					       int C, int K, int pb)
+static __device__ __forceinline__ void wte_window(int w, float *__restrict__ dwte,
+						  float *__restrict__ part, uint32_t *head_tok,
+						  uint32_t *tail_tok,
+						  const __nv_bfloat16 *__restrict__ dout,
+						  const uint32_t *keys, const uint32_t *pos, int n,
+						  int C, int K, int pb)
 {
 	__shared__ uint32_t sk[3 * ENC_WIN_MAX]; /* keys of slots s0 - K + i */
 	__shared__ uint32_t sp[2 * ENC_WIN_MAX]; /* positions of slots s0 + i */
 	__shared__ int2 pieces[ENC_WIN_MAX];     /* [first slot, end slot) of each piece */
 	__shared__ int kinds[ENC_WIN_MAX];       /* 0: whole short run, 1: head, 2: tail */
 	__shared__ int npieces;
-	int w = blockIdx.x, s0 = w * K, s1 = min(s0 + K, n), ns = s1 - s0;
+	int s0 = w * K, s1 = min(s0 + K, n), ns = s1 - s0;
 	for (int i = threadIdx.x; i < 3 * K; i += blockDim.x) {
 		int s = s0 - K + i;
 		sk[i] = (s >= 0 && s < n) ? keys[s] >> pb : ENC_NONE;
@@ -268,57 +270,92 @@ static __global__ void encoder_bwd_wte_combine(float *dwte, const float *part,
 	}
 	__syncthreads();
 	int npc = last_win - w + 1;
-	int c = (blockIdx.y * NG_WARP + threadIdx.x) * 8;
-	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-	if (c < C)
-		for (int q = threadIdx.y; q < npc; q += ENC_RED_SLICES) {
-			size_t row = q == 0 ? 2 * (size_t)w + 1 : 2 * (size_t)(w + q);
-			float4 x = *reinterpret_cast<const float4 *>(part + row * C + c);
-			float4 y = *reinterpret_cast<const float4 *>(part + row * C + c + 4);
-			acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
-			acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
-		}
-#pragma unroll
-	for (int k = 0; k < 8; k++)
-		sh[threadIdx.y][threadIdx.x * 8 + k] = acc[k];
-	__syncthreads();
-	if (threadIdx.y != 0 || c >= C)
-		return;
-	for (int y = 1; y < ENC_RED_SLICES; y++)
+	for (int cb = 0; cb < C; cb += NG_WARP * 8) { /* the row in chunks of 256 channels */
+		int c = cb + threadIdx.x * 8;
+		float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+		if (c < C)
+			for (int q = threadIdx.y; q < npc; q += ENC_RED_SLICES) {
+				size_t row = q == 0 ? 2 * (size_t)w + 1 : 2 * (size_t)(w + q);
+				float4 x = *reinterpret_cast<const float4 *>(part + row * C + c);
+				float4 y = *reinterpret_cast<const float4 *>(part + row * C + c + 4);
+				acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
+				acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+			}
 #pragma unroll
 		for (int k = 0; k < 8; k++)
-			acc[k] += sh[y][threadIdx.x * 8 + k];
-	add8_f32(dwte + (size_t)key * C + c, acc);
+			sh[threadIdx.y][threadIdx.x * 8 + k] = acc[k];
+		__syncthreads();
+		if (threadIdx.y == 0 && c < C) {
+			for (int y = 1; y < ENC_RED_SLICES; y++)
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					acc[k] += sh[y][threadIdx.x * 8 + k];
+			add8_f32(dwte + (size_t)key * C + c, acc);
+		}
+		__syncthreads();
+	}
 }
 
-/* dwpe[t, c..c+8) += sum over b of dout[b, t, c..c+8). blockDim.y groups split b into
- * contiguous ranges (each summed in order, 8 rows' loads in flight), then group 0 adds the
- * groups' sums in group order: a fixed order for a given B. */
+/* dwpe[t, :] += sum over b of dout[b, t, :], by one block of ENC_BWD_THREADS threads. With
+ * C/8 <= ENC_BWD_THREADS / 2 the threads form G = min(4, threads / (C/8)) groups, each summing a
+ * contiguous range of b in order (8 rows' loads in flight); group 0 then adds the groups' sums
+ * in group order. G depends on C alone: a fixed order for a given shape. */
 #define ENC_WPE_GROUPS_MAX 4
-static __global__ void encoder_bwd_wpe_sum_over_batch(float *dwpe, const __nv_bfloat16 *dout,
-						      int B, int T, int C)
+static __device__ __forceinline__ void wpe_row(int t, float *dwpe,
+					       const __nv_bfloat16 *__restrict__ dout, int B, int T,
+					       int C)
 {
-	__shared__ float sh[ENC_WPE_GROUPS_MAX - 1][128 * 8];
-	int t = blockIdx.x, y = threadIdx.y, G = blockDim.y;
-	int c = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
-	bool live = c < C;
+	__shared__ float sh[ENC_WPE_GROUPS_MAX - 1][ENC_BWD_THREADS * 8];
+	int c8 = C / 8, G = c8 >= ENC_BWD_THREADS ? 1 : min(ENC_WPE_GROUPS_MAX, ENC_BWD_THREADS / c8);
+	int span = G == 1 ? min(c8, ENC_BWD_THREADS) : c8; /* channel groups of 8 per pass */
+	int y = threadIdx.x / span, j = threadIdx.x % span;
 	int per = (B + G - 1) / G, b0 = y * per, b1 = min(B, b0 + per);
-	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-	if (live)
-		add_rows8<8>(acc, dout, [T, t](int b) { return (size_t)b * T + t; }, b0, b1, C, c);
-	if (y > 0) {
+	for (int cb = 0; cb < c8; cb += span) {
+		int cc = cb + j;
+		bool live = y < G && cc < c8;
+		float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+		if (live)
+			add_rows8<8>(acc, dout, [T, t](int b) { return (size_t)b * T + t; }, b0, b1, C,
+				     cc * 8);
+		if (live && y > 0)
 #pragma unroll
-		for (int k = 0; k < 8; k++)
-			sh[y - 1][threadIdx.x * 8 + k] = acc[k];
+			for (int k = 0; k < 8; k++)
+				sh[y - 1][j * 8 + k] = acc[k];
+		__syncthreads();
+		if (live && y == 0) {
+			for (int g = 1; g < G; g++)
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					acc[k] += sh[g - 1][j * 8 + k];
+			add8_f32(dwpe + (size_t)t * C + cc * 8, acc);
+		}
+		__syncthreads();
 	}
-	__syncthreads();
-	if (y > 0 || !live)
-		return;
-	for (int j = 0; j < G - 1; j++)
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			acc[k] += sh[j][threadIdx.x * 8 + k];
-	add8_f32(dwpe + (size_t)t * C + c, acc);
+}
+
+/* One launch for dwte's windows and dwpe's rows, interleaved (block 2i: window i, block 2i + 1:
+ * dwpe row i, then whichever has more), so that dwpe's plain streaming fills the time a window
+ * block spends classifying its slots, and one launch (and its tail) is saved. */
+static __global__ void __launch_bounds__(ENC_BWD_THREADS, ENC_BWD_MINB)
+encoder_bwd_windows_wpe(float *__restrict__ dwte, float *__restrict__ part, uint32_t *head_tok,
+			uint32_t *tail_tok, float *dwpe, const __nv_bfloat16 *__restrict__ dout,
+			const uint32_t *keys, const uint32_t *pos, int n, int C, int K, int pb,
+			int nwin, int B, int T)
+{
+	int i = blockIdx.x, m = min(nwin, T);
+	bool win;
+	int k;
+	if (i < 2 * m) {
+		win = (i & 1) == 0;
+		k = i >> 1;
+	} else {
+		win = nwin > T;
+		k = m + (i - 2 * m);
+	}
+	if (win)
+		wte_window(k, dwte, part, head_tok, tail_tok, dout, keys, pos, n, C, K, pb);
+	else
+		wpe_row(k, dwpe, dout, B, T, C);
 }
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -510,22 +547,14 @@ extern "C" enum ng_status ng_encoder_bwd_sorted(float *dwte, float *dwpe, const 
 	uint32_t *head_tok = (uint32_t *)p;
 	uint32_t *tail_tok = (uint32_t *)(p + L.tokb);
 	float *part = (float *)(p + 2 * L.tokb);
-	int c8 = C / 8;
-	encoder_bwd_wte_windows<<<nwin, ENC_BWD_THREADS, 0, s>>>(dwte, part, head_tok, tail_tok,
-							  (const __nv_bfloat16 *)dout, keys_out,
-							  k.packed ? nullptr : pos_out, n, C, K, k.pb);
-	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_windows")))
+	encoder_bwd_windows_wpe<<<nwin + T, ENC_BWD_THREADS, 0, s>>>(
+		dwte, part, head_tok, tail_tok, dwpe, (const __nv_bfloat16 *)dout, keys_out,
+		k.packed ? nullptr : pos_out, n, C, K, k.pb, nwin, B, T);
+	if ((st = NG_LAUNCH_CHECK("encoder_bwd_windows_wpe")))
 		return st;
-	dim3 cgrid((unsigned)nwin, (unsigned)((c8 + NG_WARP - 1) / NG_WARP)), cblock(NG_WARP, ENC_RED_SLICES);
-	encoder_bwd_wte_combine<<<cgrid, cblock, 0, s>>>(dwte, part, head_tok, tail_tok, keys_out, n,
-							 C, K, k.pb);
-	if ((st = NG_LAUNCH_CHECK("encoder_bwd_wte_combine")))
-		return st;
-	int tw = c8 < 128 ? ((c8 + 31) / 32) * 32 : 128;
-	int groups = B >= 32 ? 4 : B >= 8 ? 2 : 1; /* depends on B alone: a fixed order */
-	dim3 g((unsigned)T, (unsigned)((c8 + tw - 1) / tw)), blk((unsigned)tw, (unsigned)groups);
-	encoder_bwd_wpe_sum_over_batch<<<g, blk, 0, s>>>(dwpe, (const __nv_bfloat16 *)dout, B, T, C);
-	return NG_LAUNCH_CHECK("encoder_bwd_wpe_sum_over_batch");
+	encoder_bwd_wte_combine<<<nwin, dim3(NG_WARP, ENC_RED_SLICES), 0, s>>>(
+		dwte, part, head_tok, tail_tok, keys_out, n, C, K, k.pb);
+	return NG_LAUNCH_CHECK("encoder_bwd_wte_combine");
 }
 
 extern "C" enum ng_status ng_encoder_bwd(float *dwte, float *dwpe, const ng_bf16 *dout,
