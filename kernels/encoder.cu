@@ -241,37 +241,48 @@ static __device__ __forceinline__ void wte_window(int w, float *__restrict__ dwt
 	}
 }
 
-/* Block (32, ENC_RED_SLICES), grid (nwin, ceil(C / 256)) (keys as the windows kernel reads
- * them, token = key >> pb): the block of window w with a tail
- * piece adds that long run's pieces (tail of w, heads of w + 1 .. the run's last window) to
- * dwte. Slice y sums pieces y, y + 16, ... in order; row 0 then adds the slices in order. */
+/* Block (32, ENC_RED_SLICES), grid (ceil(nwin / ENC_COMB_WINS), ceil(C / 256)) (keys as the
+ * windows kernel reads them): block (g, y) looks at windows g * ENC_COMB_WINS .. + ENC_COMB_WINS
+ * (their tail tokens loaded at once); for each that holds the tail piece of a long run (the run
+ * starts there), it adds that run's pieces (tail of w, heads of w + 1 .. the run's last window),
+ * channels 256 y .. 256 y + 255, to dwte. Slice y sums pieces y, y + 16, ... in order; row 0
+ * then adds the slices in order. Grouping the windows keeps the grid small when there are few
+ * long runs (uniform tokens: a grid of nwin x C/256 blocks that nearly all exit cost several
+ * us); the channel chunks keep one very long run (all tokens equal) spread over C/256 blocks. */
+#define ENC_COMB_WINS 8
 static __global__ void encoder_bwd_wte_combine(float *dwte, const float *part,
-					       const uint32_t *head_tok, const uint32_t *tail_tok,
-					       const uint32_t *keys, int n, int C, int K, int pb)
+					       const uint32_t *tail_tok, const uint32_t *keys, int n,
+					       int nwin, int C, int K, int pb)
 {
 	__shared__ float sh[ENC_RED_SLICES][NG_WARP * 8 + 4];
 	__shared__ int last_win;
-	int w = blockIdx.x;
-	uint32_t key = tail_tok[w];
-	if (key == ENC_NONE)
-		return;
-	if (threadIdx.x == 0 && threadIdx.y == 0) {
-		/* the run's end: the first slot after window w's start holding a larger key (keys
-		 * sorted ascending; the run starts inside window w) */
-		int lo = w * K, hi = n;
-		while (lo < hi) {
-			int mid = lo + (hi - lo) / 2;
-			if ((keys[mid] >> pb) <= key)
-				lo = mid + 1;
-			else
-				hi = mid;
+	int w0 = blockIdx.x * ENC_COMB_WINS;
+	uint32_t tok[ENC_COMB_WINS];
+#pragma unroll
+	for (int i = 0; i < ENC_COMB_WINS; i++)
+		tok[i] = w0 + i < nwin ? tail_tok[w0 + i] : ENC_NONE;
+	int c = (blockIdx.y * NG_WARP + threadIdx.x) * 8;
+#pragma unroll /* tok stays in registers */
+	for (int i = 0; i < ENC_COMB_WINS; i++) {
+		uint32_t key = tok[i];
+		if (key == ENC_NONE)
+			continue;
+		int w = w0 + i;
+		if (threadIdx.x == 0 && threadIdx.y == 0) {
+			/* the run's end: the first slot after window w's start holding a larger key
+			 * (keys sorted ascending; the run starts inside window w) */
+			int lo = w * K, hi = n;
+			while (lo < hi) {
+				int mid = lo + (hi - lo) / 2;
+				if ((keys[mid] >> pb) <= key)
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			last_win = (lo - 1) / K;
 		}
-		last_win = (lo - 1) / K;
-	}
-	__syncthreads();
-	int npc = last_win - w + 1;
-	for (int cb = 0; cb < C; cb += NG_WARP * 8) { /* the row in chunks of 256 channels */
-		int c = cb + threadIdx.x * 8;
+		__syncthreads();
+		int npc = last_win - w + 1;
 		float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 		if (c < C)
 			for (int q = threadIdx.y; q < npc; q += ENC_RED_SLICES) {
@@ -292,7 +303,7 @@ static __global__ void encoder_bwd_wte_combine(float *dwte, const float *part,
 					acc[k] += sh[y][threadIdx.x * 8 + k];
 			add8_f32(dwte + (size_t)key * C + c, acc);
 		}
-		__syncthreads();
+		__syncthreads(); /* sh and last_win are reused by the next run */
 	}
 }
 
@@ -552,8 +563,10 @@ extern "C" enum ng_status ng_encoder_bwd_sorted(float *dwte, float *dwpe, const 
 		k.packed ? nullptr : pos_out, n, C, K, k.pb, nwin, B, T);
 	if ((st = NG_LAUNCH_CHECK("encoder_bwd_windows_wpe")))
 		return st;
-	encoder_bwd_wte_combine<<<nwin, dim3(NG_WARP, ENC_RED_SLICES), 0, s>>>(
-		dwte, part, head_tok, tail_tok, keys_out, n, C, K, k.pb);
+	dim3 cgrid((unsigned)((nwin + ENC_COMB_WINS - 1) / ENC_COMB_WINS),
+		   (unsigned)((C / 8 + NG_WARP - 1) / NG_WARP));
+	encoder_bwd_wte_combine<<<cgrid, dim3(NG_WARP, ENC_RED_SLICES), 0, s>>>(
+		dwte, part, tail_tok, keys_out, n, nwin, C, K, k.pb);
 	return NG_LAUNCH_CHECK("encoder_bwd_wte_combine");
 }
 

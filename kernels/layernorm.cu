@@ -36,7 +36,9 @@
 #define LN_BWD_SMS 132    /* SMs of an H100/H200: the backward's grid is LN_BWD_SMS times the
                            * blocks per SM of its NCH class, a constant per C (the grid fixes
                            * the summation order, so it must not depend on the device) */
-#define LN_RED_SLICES 16  /* partial rows each column of the partials reduction splits into */
+#define LN_RED_SLICES 32  /* partial rows each column of the partials reduction splits into
+                           * (16, with one load in flight a thread: ~10 us of the 72.8 us of the
+                           * d48 backward on the H200, where ncu timed the staged kernel at 62.3) */
 #define LN_BWD_WARP_MAX_C 1024 /* backward: warp per row up to this C, staged above (measured:
                                 * staged 71.6-77.2 us vs 91-93 at C = 1600, but 129-131 vs
                                 * 121-125 at C = 768) */
@@ -255,8 +257,8 @@ layernorm_bwd_warp_per_row_partials(
 }
 
 /* Block (32, LN_RED_SLICES) sums 32 columns of dw (blockIdx.y 0) or db (1) over the nblocks
- * partial rows: slice y takes rows y, y + 16, ... in order, then row 0 of the block adds the 16
- * slices in order. Fixed order: deterministic. */
+ * partial rows: slice y takes rows y, y + 32, ... in order (8 rows' loads in flight), then row 0
+ * of the block adds the 32 slices in order. Fixed order: deterministic. */
 static __global__ void layernorm_bwd_reduce_partials(float *dw, float *db, const float *part_dw,
 						     const float *part_db, int nblocks, int C)
 {
@@ -264,9 +266,20 @@ static __global__ void layernorm_bwd_reduce_partials(float *dw, float *db, const
 	int c = blockIdx.x * NG_WARP + threadIdx.x;
 	const float *part = blockIdx.y == 0 ? part_dw : part_db;
 	float acc = 0.0f;
-	if (c < C)
-		for (int k = threadIdx.y; k < nblocks; k += LN_RED_SLICES)
+	if (c < C) {
+		int k = threadIdx.y;
+		for (; k + 7 * LN_RED_SLICES < nblocks; k += 8 * LN_RED_SLICES) {
+			float v[8];
+#pragma unroll
+			for (int u = 0; u < 8; u++)
+				v[u] = part[(size_t)(k + u * LN_RED_SLICES) * C + c];
+#pragma unroll
+			for (int u = 0; u < 8; u++)
+				acc += v[u];
+		}
+		for (; k < nblocks; k += LN_RED_SLICES)
 			acc += part[(size_t)k * C + c];
+	}
 	sh[threadIdx.y][threadIdx.x] = acc;
 	__syncthreads();
 	if (threadIdx.y != 0 || c >= C)
