@@ -33,8 +33,9 @@ struct bench_bufs {
 	void *aux;  /* GELU aux: N * 4C bf16 */
 	void *bias; /* bias (bf16) / dbias (fp32): Vp fp32 */
 	void *ws;   /* workspace: ctx limit + dbias scratch */
-	float *descale; /* fp8 plans: two device floats of 1 (the inputs are whatever bytes a and b
-	                 * hold: the timing does not depend on the values) */
+	float *descale; /* fp8 plans: two device floats of 1, 16 bytes apart (cuBLASLt wants each
+	                 * 16-byte aligned; the inputs are whatever bytes a and b hold: the timing
+	                 * does not depend on the values) */
 };
 
 /* One matmul of the step. */
@@ -90,7 +91,7 @@ static int wrapper_(const struct ng_matmul *mm, const struct bench_bufs *bb, cud
 {
 	if (mm->spec.fp8)
 		return ng_matmul_run_fp8(mm, bb->out, bb->a, bb->b, bb->bias, bb->aux, bb->descale,
-					 bb->descale + 1, bb->ws, s) != NG_OK;
+					 bb->descale + 4, bb->ws, s) != NG_OK;
 	return ng_matmul_run(mm, bb->out, bb->a, bb->b, bb->bias, bb->aux, bb->bias, bb->ws, s) !=
 	       NG_OK;
 }
@@ -176,9 +177,9 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 	    NG_CUDA_CHECK(cudaMalloc(&bb.out, o_bytes)) || NG_CUDA_CHECK(cudaMalloc(&bb.aux, x_bytes)) ||
 	    NG_CUDA_CHECK(cudaMalloc(&bb.bias, (size_t)Vp * 4)) ||
 	    NG_CUDA_CHECK(cudaMalloc(&bb.ws, ctx->workspace_bytes + 256 + (size_t)Vp * 4)) ||
-	    NG_CUDA_CHECK(cudaMalloc((void **)&bb.descale, 2 * sizeof(float))))
+	    NG_CUDA_CHECK(cudaMalloc((void **)&bb.descale, 8 * sizeof(float))))
 		goto out_free;
-	const float ones[2] = {1.0f, 1.0f};
+	const float ones[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
 	if (NG_CUDA_CHECK(cudaMemcpy(bb.descale, ones, sizeof(ones), cudaMemcpyHostToDevice)))
 		goto out_free;
 	if (fill_(bb.a, a_bytes, chunk, chunk_bytes) || fill_(bb.b, b_bytes, chunk, chunk_bytes) ||
