@@ -73,9 +73,11 @@
  *                     out: sorted (u8, ng_encoder_bwd_sorted_bytes): the tokens sorted for the
  *                     embedding backward. The executor runs it on a second stream forked from
  *                     the step's and joined by ENCODER_BWD, so it overlaps the forward; its
- *                     output holds everything it writes (cub's temporary storage too), so no
- *                     tensor of the ops it overlaps shares its memory.
- *   ENCODER_BWD       in: dx (B, T, C) bf16, sorted (ENCODER_SORT's). out: grads.
+ *                     output holds everything it writes (cub's temporary storage too), and
+ *                     ENCODER_BWD lists its input too, so no tensor of the ops it overlaps
+ *                     shares the memory it reads or writes.
+ *   ENCODER_BWD       in: dx (B, T, C) bf16, sorted (ENCODER_SORT's), inputs (only to keep
+ *                     ENCODER_SORT's input live until this join). out: grads.
  *                     param = {WTE, WPE}.
  *   GRAD_NORM         in: grads. out: step_state (grad_norm).
  *   SCHEDULE          in: step_state. out: step_state (lr, clip_scale, skipped).

@@ -507,7 +507,10 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 		matmul_bwd(b, NG_OP_WHICH_QKV, l, dqkv, ln1, dln1, -1);
 		layernorm_bwd(b, NG_OP_WHICH_LN1, l, dln1, a->resid_in, a->mean1, a->rstd1, dresid);
 	}
-	op = mk(NG_OP_ENCODER_BWD, NG_OP_WHICH_NONE, -1, IN(dresid, f->sorted), OUT(g->t_grads));
+	/* inputs: read by ENCODER_SORT on the side stream; listed here so that its memory stays
+	 * live (no later tensor shares it) until this op, which joins that stream */
+	op = mk(NG_OP_ENCODER_BWD, NG_OP_WHICH_NONE, -1, IN(dresid, f->sorted, f->inputs),
+		OUT(g->t_grads));
 	op.param[0] = NG_P_WTE;
 	op.param[1] = NG_P_WPE;
 	emit(b, &op, b->ws.encoder_bwd);

@@ -204,6 +204,27 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 			     o.fuse_gelu & NG_GELU_FUSE_BWD ? 0 : K * L);
 		cr_assert_eq(count_kind(&g, NG_OP_LOSS_ACCUMULATE), K);
 		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_BWD), K);
+		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_SORT), K);
+		/* ENCODER_SORT runs on a second stream until its micro-batch's ENCODER_BWD joins it:
+		 * what it reads and writes must stay live (unshared) until that op */
+		for (int k = 0; k < g.n_ops; k++) {
+			const struct ng_op *so = &g.ops[k];
+			if (so->kind != NG_OP_ENCODER_SORT)
+				continue;
+			int j = k + 1;
+			while (j < g.n_ops && !(g.ops[j].kind == NG_OP_ENCODER_BWD &&
+						g.ops[j].micro == so->micro))
+				j++;
+			cr_assert_lt(j, g.n_ops, "seed %llu %s: %s has no ENCODER_BWD after it",
+				     (unsigned long long)seed_, what, so->name);
+			cr_assert(g.ops[k - 1].kind == NG_OP_TOKENS_SPLIT, "seed %llu %s: %s not right "
+				  "after the token split", (unsigned long long)seed_, what, so->name);
+			const struct ng_tensor *in = &g.tensors[so->in[0]], *out = &g.tensors[so->out[0]];
+			cr_assert(in->last_op >= j && out->last_op >= j,
+				  "seed %llu %s: %s's input (last op %d) or output (last op %d) dies "
+				  "before its join at op %d", (unsigned long long)seed_, what, so->name,
+				  in->last_op, out->last_op, j);
+		}
 		cr_assert_eq(count_kind(&g, NG_OP_ZERO), 7 + K); /* 7 grad ranges, dresid per micro */
 		/* per op: row ranges of the head cover [0, N) in order; params match which */
 		int next_row = 0, logits_live = 0;
