@@ -497,30 +497,33 @@ static struct enc_bits enc_bits(int n, int Vp)
 	return k;
 }
 
-extern "C" enum ng_status ng_encoder_bwd_sort(void *sorted, size_t sorted_bytes,
-					      const int32_t *tokens, int B, int T, int Vp,
-					      cudaStream_t s)
+/* The checks the backward's three entries share: the shape (the sort passes C = 8: it does not
+ * see C) and Vp; then *L, the shape's scratch layout. */
+static enum ng_status check_bwd(const char *who, int B, int T, int C, int Vp,
+				struct enc_scratch *L)
 {
-	const char *who = "ng_encoder_bwd_sort";
-	enum ng_status st = check_shape(who, B, T, 8);
+	enum ng_status st = check_shape(who, B, T, C);
 	if (st)
 		return st;
 	if (Vp <= 0)
 		return ng_check_arg_fail(who, "Vp must be > 0, got %d", Vp);
-	if (!ng_aligned16_(sorted))
-		return ng_check_arg_fail(who, "sorted must be 16-byte aligned");
-	struct enc_scratch L = enc_scratch_layout(B, T, 8);
-	if (sorted_bytes < L.sorted)
-		return ng_check_arg_fail(who, "sorted is %zu bytes, need %zu (B=%d T=%d)",
-					 sorted_bytes, L.sorted, B, T);
+	*L = enc_scratch_layout(B, T, C);
+	return NG_OK;
+}
+
+/* Launchers of the two halves, arguments already checked (check_bwd, alignment, sizes). */
+static enum ng_status bwd_sort_launch(void *sorted, const int32_t *tokens, int B, int T, int Vp,
+				      const struct enc_scratch *L, cudaStream_t s)
+{
+	enum ng_status st;
 	int n = B * T;
 	struct enc_bits k = enc_bits(n, Vp);
 	char *p = (char *)sorted;
 	uint32_t *keys_out = (uint32_t *)p;
-	uint32_t *pos_in = (uint32_t *)(p + L.nb);
-	uint32_t *pos_out = (uint32_t *)(p + 2 * L.nb);
-	void *tmp = p + 3 * L.nb;
-	size_t tb = L.temp;
+	uint32_t *pos_in = (uint32_t *)(p + L->nb);
+	uint32_t *pos_out = (uint32_t *)(p + 2 * L->nb);
+	void *tmp = p + 3 * L->nb;
+	size_t tb = L->temp;
 	if (k.packed) {
 		encoder_pack_keys<<<(n + 255) / 256, 256, 0, s>>>(pos_in, tokens, k.pb, n);
 		if ((st = NG_LAUNCH_CHECK("encoder_pack_keys")))
@@ -536,31 +539,19 @@ extern "C" enum ng_status ng_encoder_bwd_sort(void *sorted, size_t sorted_bytes,
 		k.end_bit, s));
 }
 
-extern "C" enum ng_status ng_encoder_bwd_sorted(float *dwte, float *dwpe, const ng_bf16 *dout,
-						const void *sorted, int B, int T, int C, int Vp,
-						void *work, size_t work_bytes, cudaStream_t s)
+static enum ng_status bwd_sorted_launch(float *dwte, float *dwpe, const ng_bf16 *dout,
+					const void *sorted, int B, int T, int C, int Vp,
+					void *work, const struct enc_scratch *L, cudaStream_t s)
 {
-	const char *who = "ng_encoder_bwd_sorted";
-	enum ng_status st = check_shape(who, B, T, C);
-	if (st)
-		return st;
-	if (Vp <= 0)
-		return ng_check_arg_fail(who, "Vp must be > 0, got %d", Vp);
-	if (!ng_aligned16_(dwte) || !ng_aligned16_(dwpe) || !ng_aligned16_(dout) ||
-	    !ng_aligned16_(sorted) || !ng_aligned16_(work))
-		return ng_check_arg_fail(who, "dwte/dwpe/dout/sorted/work must be 16-byte aligned");
+	enum ng_status st;
 	int n = B * T, K = enc_window(n), nwin = (n + K - 1) / K;
-	struct enc_scratch L = enc_scratch_layout(B, T, C);
-	if (work_bytes < L.work)
-		return ng_check_arg_fail(who, "work is %zu bytes, need %zu (B=%d T=%d C=%d)",
-					 work_bytes, L.work, B, T, C);
 	struct enc_bits k = enc_bits(n, Vp);
 	const uint32_t *keys_out = (const uint32_t *)sorted;
-	const uint32_t *pos_out = (const uint32_t *)((const char *)sorted + 2 * L.nb);
+	const uint32_t *pos_out = (const uint32_t *)((const char *)sorted + 2 * L->nb);
 	char *p = (char *)work;
 	uint32_t *head_tok = (uint32_t *)p;
-	uint32_t *tail_tok = (uint32_t *)(p + L.tokb);
-	float *part = (float *)(p + 2 * L.tokb);
+	uint32_t *tail_tok = (uint32_t *)(p + L->tokb);
+	float *part = (float *)(p + 2 * L->tokb);
 	encoder_bwd_windows_wpe<<<nwin + T, ENC_BWD_THREADS, 0, s>>>(
 		dwte, part, head_tok, tail_tok, dwpe, (const __nv_bfloat16 *)dout, keys_out,
 		k.packed ? nullptr : pos_out, n, C, K, k.pb, nwin, B, T);
@@ -573,20 +564,60 @@ extern "C" enum ng_status ng_encoder_bwd_sorted(float *dwte, float *dwpe, const 
 	return NG_LAUNCH_CHECK("encoder_bwd_wte_combine");
 }
 
+extern "C" enum ng_status ng_encoder_bwd_sort(void *sorted, size_t sorted_bytes,
+					      const int32_t *tokens, int B, int T, int Vp,
+					      cudaStream_t s)
+{
+	const char *who = "ng_encoder_bwd_sort";
+	struct enc_scratch L;
+	enum ng_status st = check_bwd(who, B, T, 8, Vp, &L);
+	if (st)
+		return st;
+	if (!ng_aligned16_(sorted))
+		return ng_check_arg_fail(who, "sorted must be 16-byte aligned");
+	if (sorted_bytes < L.sorted)
+		return ng_check_arg_fail(who, "sorted is %zu bytes, need %zu (B=%d T=%d)",
+					 sorted_bytes, L.sorted, B, T);
+	return bwd_sort_launch(sorted, tokens, B, T, Vp, &L, s);
+}
+
+extern "C" enum ng_status ng_encoder_bwd_sorted(float *dwte, float *dwpe, const ng_bf16 *dout,
+						const void *sorted, int B, int T, int C, int Vp,
+						void *work, size_t work_bytes, cudaStream_t s)
+{
+	const char *who = "ng_encoder_bwd_sorted";
+	struct enc_scratch L;
+	enum ng_status st = check_bwd(who, B, T, C, Vp, &L);
+	if (st)
+		return st;
+	if (!ng_aligned16_(dwte) || !ng_aligned16_(dwpe) || !ng_aligned16_(dout) ||
+	    !ng_aligned16_(sorted) || !ng_aligned16_(work))
+		return ng_check_arg_fail(who, "dwte/dwpe/dout/sorted/work must be 16-byte aligned");
+	if (work_bytes < L.work)
+		return ng_check_arg_fail(who, "work is %zu bytes, need %zu (B=%d T=%d C=%d)",
+					 work_bytes, L.work, B, T, C);
+	return bwd_sorted_launch(dwte, dwpe, dout, sorted, B, T, C, Vp, work, &L, s);
+}
+
+/* The two halves on one scratch (sorted, then work: L.sorted is a multiple of 256, so work stays
+ * 16-byte aligned), each argument checked once, here, before either half launches. */
 extern "C" enum ng_status ng_encoder_bwd(float *dwte, float *dwpe, const ng_bf16 *dout,
 					 const int32_t *tokens, int B, int T, int C, int Vp,
 					 void *scratch, size_t scratch_bytes, cudaStream_t s)
 {
 	const char *who = "ng_encoder_bwd";
-	enum ng_status st = check_shape(who, B, T, C);
+	struct enc_scratch L;
+	enum ng_status st = check_bwd(who, B, T, C, Vp, &L);
 	if (st)
 		return st;
-	struct enc_scratch L = enc_scratch_layout(B, T, C);
+	if (!ng_aligned16_(dwte) || !ng_aligned16_(dwpe) || !ng_aligned16_(dout) ||
+	    !ng_aligned16_(scratch))
+		return ng_check_arg_fail(who, "dwte/dwpe/dout/scratch must be 16-byte aligned");
 	if (scratch_bytes < L.sorted + L.work)
 		return ng_check_arg_fail(who, "scratch is %zu bytes, need %zu (B=%d T=%d C=%d)",
 					 scratch_bytes, L.sorted + L.work, B, T, C);
-	if ((st = ng_encoder_bwd_sort(scratch, L.sorted, tokens, B, T, Vp, s)))
+	if ((st = bwd_sort_launch(scratch, tokens, B, T, Vp, &L, s)))
 		return st;
-	return ng_encoder_bwd_sorted(dwte, dwpe, dout, scratch, B, T, C, Vp,
-				     (char *)scratch + L.sorted, L.work, s);
+	return bwd_sorted_launch(dwte, dwpe, dout, scratch, B, T, C, Vp,
+				 (char *)scratch + L.sorted, &L, s);
 }

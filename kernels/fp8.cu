@@ -40,29 +40,53 @@ static __device__ __forceinline__ void max8_(float &m, bool &nan, const float x[
 	}
 }
 
-/* Segment blockIdx.y: elements [y * seg_n, (y + 1) * seg_n), 8 per thread per pass, the blocks
- * of a segment striding over it. */
-static __global__ void fp8_amax_seg(float *__restrict__ amax, const __nv_bfloat16 *__restrict__ in,
-				    size_t seg_n)
+#define FP8_AMAX_ONLY -1 /* seg_pass_'s FMT for a pass that casts nothing */
+
+/* One segment's elements [0, seg_n), 8 per thread per pass, the blocks of the segment striding
+ * over it: |x|'s maximum goes to m and a NaN to nan; unless FMT is FP8_AMAX_ONLY, x * sc is also
+ * cast to FMT (__NV_E4M3 or __NV_E5M2) in out. Shared by fp8_amax_seg and fp8_cast_seg; the
+ * amax-only pass compiles to the same code as a loop without the cast. */
+template <int FMT>
+static __device__ __forceinline__ void seg_pass_(uint8_t *__restrict__ out,
+						 const __nv_bfloat16 *__restrict__ in, float sc,
+						 size_t seg_n, float &m, bool &nan)
 {
-	in += (size_t)blockIdx.y * seg_n;
-	float m = 0.0f;
-	bool nan = false;
 	size_t stride = (size_t)gridDim.x * blockDim.x * 8;
 #pragma unroll 4 /* restrict: the loads of 4 passes may be issued before their stores */
 	for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < seg_n; i += stride) {
 		if (i + 8 <= seg_n) {
 			float x[8];
 			ng_unpack8_(x, ng_load8_stream_(in + i));
+			if constexpr (FMT != FP8_AMAX_ONLY) {
+				uint2 v;
+				uint8_t *b = reinterpret_cast<uint8_t *>(&v);
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					b[k] = __nv_cvt_float_to_fp8(x[k] * sc, __NV_SATFINITE,
+								     (__nv_fp8_interpretation_t)FMT);
+				*reinterpret_cast<uint2 *>(out + i) = v;
+			}
 			max8_(m, nan, x);
 		} else {
 			for (size_t j = i; j < seg_n; j++) {
 				float x = __bfloat162float(in[j]);
+				if constexpr (FMT != FP8_AMAX_ONLY)
+					out[j] = __nv_cvt_float_to_fp8(x * sc, __NV_SATFINITE,
+								       (__nv_fp8_interpretation_t)FMT);
 				nan |= x != x;
 				m = fmaxf(m, fabsf(x));
 			}
 		}
 	}
+}
+
+/* Segment blockIdx.y: elements [y * seg_n, (y + 1) * seg_n). */
+static __global__ void fp8_amax_seg(float *__restrict__ amax, const __nv_bfloat16 *__restrict__ in,
+				    size_t seg_n)
+{
+	float m = 0.0f;
+	bool nan = false;
+	seg_pass_<FP8_AMAX_ONLY>(nullptr, in + (size_t)blockIdx.y * seg_n, 1.0f, seg_n, m, nan);
 	amax_commit_(amax + blockIdx.y, m, nan);
 }
 
@@ -124,35 +148,9 @@ static __global__ void fp8_cast_seg(uint8_t *__restrict__ out,
 					 size_t seg_n)
 {
 	size_t base = (size_t)blockIdx.y * seg_n;
-	in += base;
-	out += base;
-	float sc = scale[blockIdx.y];
 	float m = 0.0f;
 	bool nan = false;
-	size_t stride = (size_t)gridDim.x * blockDim.x * 8;
-#pragma unroll 4 /* restrict: the loads of 4 passes may be issued before their stores */
-	for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < seg_n; i += stride) {
-		if (i + 8 <= seg_n) {
-			float x[8];
-			ng_unpack8_(x, ng_load8_stream_(in + i));
-			uint2 v;
-			uint8_t *b = reinterpret_cast<uint8_t *>(&v);
-#pragma unroll
-			for (int k = 0; k < 8; k++)
-				b[k] = __nv_cvt_float_to_fp8(x[k] * sc, __NV_SATFINITE,
-							     (__nv_fp8_interpretation_t)FMT);
-			*reinterpret_cast<uint2 *>(out + i) = v;
-			max8_(m, nan, x);
-		} else {
-			for (size_t j = i; j < seg_n; j++) {
-				float x = __bfloat162float(in[j]);
-				out[j] = __nv_cvt_float_to_fp8(x * sc, __NV_SATFINITE,
-							       (__nv_fp8_interpretation_t)FMT);
-				nan |= x != x;
-				m = fmaxf(m, fabsf(x));
-			}
-		}
-	}
+	seg_pass_<FMT>(out + base, in + base, scale[blockIdx.y], seg_n, m, nan);
 	if (amax) /* uniform over the grid: every thread reaches the block reduction or none */
 		amax_commit_(amax + blockIdx.y, m, nan);
 }
