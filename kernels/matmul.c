@@ -4,7 +4,8 @@
  *
  * Plan: descriptor + layouts + epilogue, then cublasLtMatmulAlgoGetHeuristic with the run's
  * pointer alignment and workspace limit; with autotune, the top candidates are timed on scratch
- * buffers (CUDA events, median of ctx->tune_reps) and the fastest kept. Run: set the bias / aux
+ * buffers (CUDA events: a burst median of ctx->tune_reps, then ~ctx->tune_sustained_ms of
+ * back-to-back launches each on a GPU held busy) and the fastest under sustained load kept. Run: set the bias / aux
  * pointer attributes (host-only writes into the descriptor) and call cublasLtMatmul, plus one
  * cublasLtMatrixTransform when an accumulated bias gradient must be added from its scratch.
  *
@@ -48,6 +49,7 @@ enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_by
 	ctx->align_bytes = 16;
 	ctx->tune_candidates = NG_MM_MAX_CANDIDATES;
 	ctx->tune_reps = 10;
+	ctx->tune_sustained_ms = 100.0f;
 	ctx->dbias_colsum = 1; /* measured faster than BGRADB at every d12/d48 shape (matmul.h) */
 	return NG_OK;
 }
@@ -390,21 +392,25 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 		goto out_free;
 	if (NG_CUDA_CHECK(cudaEventCreate(&e0)) || NG_CUDA_CHECK(cudaEventCreate(&e1)))
 		goto out_free;
+	/* One launch of candidate i (fp8: the scratch's first floats serve as descales: finite;
+	 * the bf16 output may overflow, which does not change the timing). */
+#define TUNE_RUN_(i)                                                                           \
+	(sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux, (const float *)t.bias,  \
+				     (const float *)t.bias, t.ws, 0)                              \
+		 : ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
+	float est[NG_MM_MAX_CANDIDATES];
+	/* Burst pass: each candidate alone, reps launches each synchronised (the whole ranking
+	 * when ctx->tune_sustained_ms is 0, else the estimates the sustained pass sizes from). */
 	for (int i = 0; i < got; i++) {
 		float ms[32];
 		int nr = reps < 32 ? reps : 32, ok = 1;
+		est[i] = -1.0f;
 		mm->algo = res[i].algo;
 		mm->algo_ws = res[i].workspaceSize;
 		layout_workspace_(mm);
 		for (int r = -1; r < nr && ok; r++) { /* r = -1: warm-up, not timed */
 			cudaEventRecord(e0, 0);
-			/* fp8: the scratch's first floats serve as descales (finite; the bf16 output
-			 * may overflow, which does not change the timing) */
-			if (sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux,
-							(const float *)t.bias,
-							(const float *)t.bias, t.ws, 0)
-				    : ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws,
-						    0))
+			if (TUNE_RUN_(i))
 				ok = 0;
 			cudaEventRecord(e1, 0);
 			if (ok && NG_CUDA_CHECK(cudaEventSynchronize(e1)))
@@ -418,10 +424,53 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 			continue;
 		}
 		qsort(ms, (size_t)nr, sizeof(float), cmp_float_);
+		est[i] = ms[nr / 2];
+	}
+	/* Sustained pass: the step keeps the GPU at its power limit, where the clock drops and
+	 * algorithms that spend less energy per FLOP win; a burst runs at the boost clock and
+	 * ranks them differently (BENCHMARKS.md, session 17). So the GPU is first held busy
+	 * for ~2 * tune_sustained_ms, then every candidate runs back to back for about
+	 * tune_sustained_ms between two events, no synchronisation inside. */
+	if (ctx->tune_sustained_ms > 0.0f) {
+		for (int pass = 0; pass < 2; pass++) /* pass 0: heat with the first runnable one */
+			for (int i = 0; i < got; i++) {
+				if (est[i] <= 0.0f)
+					continue;
+				int k = (int)((pass ? 1.0f : 2.0f) * ctx->tune_sustained_ms / est[i]);
+				k = k < 4 ? 4 : k > 100000 ? 100000 : k;
+				mm->algo = res[i].algo;
+				mm->algo_ws = res[i].workspaceSize;
+				layout_workspace_(mm);
+				int ok = 1;
+				for (int r = 0; r < 2 && ok; r++) /* after a switch: not timed */
+					ok = !TUNE_RUN_(i);
+				cudaEventRecord(e0, 0);
+				for (int r = 0; r < k && ok; r++)
+					ok = !TUNE_RUN_(i);
+				cudaEventRecord(e1, 0);
+				if (NG_CUDA_CHECK(cudaEventSynchronize(e1)))
+					goto out_free;
+				if (!ok) {
+					ng_clear_error();
+					cudaGetLastError();
+					est[i] = -1.0f;
+				} else if (pass) {
+					float total = 0.0f;
+					cudaEventElapsedTime(&total, e0, e1);
+					est[i] = total / (float)k;
+				}
+				if (!pass)
+					break;
+			}
+	}
+#undef TUNE_RUN_
+	for (int i = 0; i < got; i++) {
+		if (est[i] <= 0.0f)
+			continue;
 		if (i < NG_MM_MAX_CANDIDATES)
-			mm->tuned_ms[i] = ms[nr / 2];
-		if (best < 0.0f || ms[nr / 2] < best) {
-			best = ms[nr / 2];
+			mm->tuned_ms[i] = est[i];
+		if (best < 0.0f || est[i] < best) {
+			best = est[i];
 			mm->chosen = i;
 		}
 	}

@@ -93,6 +93,9 @@ struct ng_matmul_ctx {
 	                            * heuristic only offers algorithms that work with it */
 	int tune_candidates;       /* autotune: heuristic candidates timed (1..8) */
 	int tune_reps;             /* autotune: timed repetitions per candidate (median kept) */
+	float tune_sustained_ms;   /* autotune: > 0: rank candidates by their time under sustained
+	                            * load, about this many ms of back-to-back launches each after
+	                            * the GPU is heated (default 100); 0: by the burst medians */
 	int dbias_colsum;          /* DW + bias: 1 = a separate column-sum matmul instead of the
 	                            * BGRADB epilogue (0 by default; see "Bias gradient") */
 };
@@ -146,7 +149,8 @@ struct ng_matmul {
 };
 
 /* Create the cuBLASLt handle. workspace_bytes: the most one matmul may use (32 MiB is plenty on
- * Hopper). Defaults: align 16, autotune 8 candidates x 10 repetitions, dbias_colsum 1. */
+ * Hopper). Defaults: align 16, autotune 8 candidates x 10 repetitions then 100 ms sustained each,
+ * dbias_colsum 1. */
 enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_bytes);
 void ng_matmul_ctx_free(struct ng_matmul_ctx *ctx);
 
