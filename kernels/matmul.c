@@ -50,6 +50,7 @@ enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_by
 	ctx->tune_candidates = NG_MM_MAX_CANDIDATES;
 	ctx->tune_reps = 10;
 	ctx->tune_sustained_ms = 100.0f;
+	ctx->force_candidate = -1;
 	ctx->dbias_colsum = 1; /* measured faster than BGRADB at every d12/d48 shape (matmul.h) */
 	return NG_OK;
 }
@@ -543,7 +544,9 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	}
 	mm->n_candidates = got;
 	mm->chosen = 0;
-	if (spec->autotune && got > 1 && (st = autotune_(mm, ctx, res, got)))
+	if (spec->autotune && ctx->force_candidate >= 0)
+		mm->chosen = ctx->force_candidate < got ? ctx->force_candidate : got - 1;
+	else if (spec->autotune && got > 1 && (st = autotune_(mm, ctx, res, got)))
 		goto out_fail;
 	mm->algo = res[mm->chosen].algo;
 	mm->algo_ws = res[mm->chosen].workspaceSize;

@@ -98,6 +98,8 @@ struct ng_matmul_ctx {
 	                            * the GPU is heated (default 100); 0: by the burst medians */
 	int dbias_colsum;          /* DW + bias: 1 = a separate column-sum matmul instead of the
 	                            * BGRADB epilogue (0 by default; see "Bias gradient") */
+	int force_candidate;       /* tools' hook: >= 0 with autotune takes that heuristic candidate
+	                            * untimed (when it exists); -1 (the default): not used */
 };
 
 enum ng_matmul_kind {

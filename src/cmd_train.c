@@ -70,7 +70,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "GPU: time every op in replays of the captured step at start; print where the "
 		  "time goes", false },
 		{ "--autotune", NG_FLAG_BOOL, &o.autotune, 0, 0, NULL,
-		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time", false },
+		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time, under "
+		  "sustained load (~20 s more start-up)", false },
 		{ "--recompute", NG_FLAG_STRING, &o.recompute, 0, 0, "WHAT",
 		  "GPU: recompute to save memory, a comma list of gelu, layernorm and fp8 (with --fp8: "
 		  "cast each E4M3 weight at its use instead of keeping copies), or none (none)",

@@ -12,6 +12,9 @@
  * estimated at the 4.28 TB/s copy bandwidth of ../shared/GPU.md.
  *
  * Usage: bench_matmul [reps]   (default 30 launches of each, wrapper and direct)
+ *        bench_matmul --sustained: instead, every heuristic candidate of each matmul timed in
+ *        bursts (synchronised launches) and under sustained load (~150 ms back to back after
+ *        ~150 ms of heating); the per-step GEMM time of three choices, all timed sustained.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -131,6 +134,88 @@ static const char *epi_name_(const struct ng_matmul_spec *s, int colsum)
 	return !s->bias ? "-" : colsum ? "colsum" : "BGRADB+add";
 }
 
+static int sustained; /* --sustained: time every candidate under sustained load instead */
+
+/* ms per launch of mm with the GPU held busy: ~150 ms of launches back to back to reach the
+ * power-limited clock, then ~150 ms timed between two events (est_ms: a first estimate). */
+static int time_sustained_(const struct ng_matmul *mm, const struct bench_bufs *bb,
+			   cudaEvent_t *ev, float est_ms, float *ms)
+{
+	int k = est_ms > 0.0f ? (int)(150.0f / est_ms) : 100;
+	if (k < 20)
+		k = 20;
+	if (k > 20000)
+		k = 20000;
+	for (int r = 0; r < k; r++)
+		if (wrapper_(mm, bb, 0))
+			return 1;
+	cudaEventRecord(ev[0], 0);
+	for (int r = 0; r < k; r++)
+		if (wrapper_(mm, bb, 0))
+			return 1;
+	cudaEventRecord(ev[1], 0);
+	if (NG_CUDA_CHECK(cudaEventSynchronize(ev[1])))
+		return 1;
+	cudaEventElapsedTime(ms, ev[0], ev[1]);
+	*ms /= (float)k;
+	return 0;
+}
+
+/* --sustained: each matmul's heuristic candidates timed in bursts (autotune's way) and under
+ * sustained load; per step: the heuristic's first, the burst-autotuned and the sustained-best
+ * choice, all three timed sustained. */
+static int sustained_config_(struct ng_matmul_ctx *ctx, const char *cfg, const struct bench_mm *mms,
+			     int nm, const struct bench_bufs *bb, cudaEvent_t *ev)
+{
+	double step[3] = {0, 0, 0};
+	printf("\n== %s, sustained load: per candidate burst ms / sustained ms ==\n", cfg);
+	for (int i = 0; i < nm; i++) {
+		struct ng_matmul mm;
+		struct ng_matmul_spec sp = mms[i].s;
+		sp.autotune = 1;
+		float keep = ctx->tune_sustained_ms;
+		ctx->force_candidate = -1;
+		ctx->tune_sustained_ms = 0.0f; /* the burst ranking, as autotune did before */
+		int bad_plan = ng_matmul_plan(&mm, ctx, &sp) != NG_OK;
+		ctx->tune_sustained_ms = keep;
+		if (bad_plan)
+			return 1;
+		int cands = mm.n_candidates, burst_pick = mm.chosen;
+		float burst[8];
+		memcpy(burst, mm.tuned_ms, sizeof(burst));
+		ng_matmul_free(&mm);
+		float sus[8] = {0};
+		int best = 0;
+		printf("%-8s %d N=%d IC=%d OC=%d:", mms[i].name, (int)sp.kind, sp.N, sp.IC, sp.OC);
+		for (int c = 0; c < cands && c < 8; c++) {
+			ctx->force_candidate = c;
+			if (ng_matmul_plan(&mm, ctx, &sp))
+				return 1;
+			int bad = burst[c] > 0.0f ? time_sustained_(&mm, bb, ev, burst[c], &sus[c]) : 1;
+			ng_matmul_free(&mm);
+			if (bad) {
+				ng_clear_error();
+				cudaGetLastError();
+				sus[c] = 0.0f;
+				printf("  #%d -", c);
+				continue;
+			}
+			if (sus[c] < sus[best] || sus[best] <= 0.0f)
+				best = c;
+			printf("  #%d %.4f/%.4f", c, burst[c], sus[c]);
+		}
+		ctx->force_candidate = -1;
+		printf("  | burst pick #%d, sustained best #%d (%+.1f%% vs #0)\n", burst_pick, best,
+		       sus[0] > 0 ? 100.0 * (sus[best] - sus[0]) / sus[0] : 0.0);
+		step[0] += sus[0] * mms[i].per_step;
+		step[1] += sus[burst_pick] * mms[i].per_step;
+		step[2] += sus[best] * mms[i].per_step;
+	}
+	printf("%s: GEMM ms per step under sustained load: heuristic %.2f, burst-autotuned %.2f, "
+	       "sustained-best %.2f\n", cfg, step[0], step[1], step[2]);
+	return 0;
+}
+
 static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int T, int C, int L,
 			 int Vp, int reps, cudaEvent_t *ev)
 {
@@ -187,6 +272,10 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 	    fill_(bb.bias, (size_t)Vp * 4, chunk, chunk_bytes))
 		goto out_free;
 
+	if (sustained) {
+		rc = sustained_config_(ctx, cfg, mms, nm, &bb, ev);
+		goto out_free;
+	}
 	printf("\n== %s: B=%d T=%d C=%d L=%d Vp=%d (N=%d), median of %d launches each ==\n", cfg,
 	       B, T, C, L, Vp, N, reps);
 	printf("%-8s %-4s %6s %6s %6s %-13s | %-9s %9s %9s %7s %6s | %-7s %9s %7s %6s\n", "layer",
@@ -318,6 +407,9 @@ out_free:
 
 int main(int argc, char **argv)
 {
+	sustained = argc > 1 && !strcmp(argv[1], "--sustained");
+	if (sustained)
+		argc--, argv++;
 	int reps = argc > 1 ? atoi(argv[1]) : 30;
 	setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout kill */
 	if (reps < 1 || reps > BENCH_MAX_REPS) {
