@@ -304,7 +304,7 @@ static enum ng_status l_loss_acc(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
 	return ng_loss_accumulate(&b->st->loss_sum, AT(x, 0, r), (int)b->N, 1.0f / (float)b->N, NULL,
-				  0);
+				  BS);
 }
 static enum ng_status l_norm(struct bench *b, int r, void *a)
 {
