@@ -101,15 +101,97 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* One iteration of variant v (0 or 1) of a plan-time choice, enqueued on e->stream. */
+typedef enum ng_status (*pair_run_fn)(struct ng_exec *e, void *arg, int v);
+
+/* *ms = the time an iteration of variant v over k of them back to back between ev[0] and ev[1]. */
+static enum ng_status time_batch(struct ng_exec *e, pair_run_fn run, void *arg, int v, int k,
+				 cudaEvent_t *ev, float *ms)
+{
+	enum ng_status st = NG_CUDA_CHECK(cudaEventRecord(ev[0], e->stream));
+	for (int i = 0; i < k && !st; i++)
+		st = run(e, arg, v);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaEventRecord(ev[1], e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaEventElapsedTime(ms, ev[0], ev[1]));
+	if (!st)
+		*ms /= (float)k;
+	return st;
+}
+
+/* Times the two variants of a plan-time choice as the step runs them: on a GPU held at its power
+ * cap, where the clock drops and what spends less energy wins (bench_matmul --sustained,
+ * BENCHMARKS.md session 17; a synchronised burst runs at the boost clock). One synchronised
+ * iteration of each sizes the batches; both alternate for ~HEAT_MS; then ROUNDS rounds run each
+ * variant ~BATCH_MS of iterations back to back between two events. ms[v]: the median over the
+ * rounds of the time an iteration. ~0.4 s a choice. */
+static enum ng_status time_pair(struct ng_exec *e, pair_run_fn run, void *arg, float ms[2])
+{
+	enum { ROUNDS = 5 };
+	const float HEAT_MS = 150.0f, BATCH_MS = 25.0f;
+	cudaEvent_t ev[2] = { 0 };
+	float est[2] = { 0, 0 }, t[2][ROUNDS];
+	int k[2];
+	enum ng_status st = NG_OK;
+	for (int i = 0; i < 2 && !st; i++)
+		st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
+	for (int r = 0; r < 2 && !st; r++) /* r = 0: warm-up (first launches load modules) */
+		for (int v = 0; v < 2 && !st; v++)
+			st = time_batch(e, run, arg, v, 1, ev, &est[v]);
+	for (int v = 0; v < 2; v++) {
+		float n = est[v] > 0.0f ? BATCH_MS / est[v] : 1.0f;
+		k[v] = n < 1.0f ? 1 : n > 10000.0f ? 10000 : (int)n;
+	}
+	float pair = est[0] + est[1];
+	int heat = pair > 0.0f ? (int)(HEAT_MS / pair) : 1;
+	heat = heat < 1 ? 1 : heat > 10000 ? 10000 : heat;
+	for (int i = 0; i < heat && !st; i++)
+		for (int v = 0; v < 2 && !st; v++)
+			st = run(e, arg, v);
+	for (int r = 0; r < ROUNDS && !st; r++)
+		for (int v = 0; v < 2 && !st; v++)
+			st = time_batch(e, run, arg, v, k[v], ev, &t[v][r]);
+	for (int i = 0; i < 2; i++)
+		if (ev[i])
+			cudaEventDestroy(ev[i]);
+	if (st)
+		return st;
+	for (int v = 0; v < 2; v++) {
+		qsort(t[v], ROUNDS, sizeof(float), cmp_float);
+		ms[v] = t[v][ROUNDS / 2];
+	}
+	return NG_OK;
+}
+
+/* choose_dgelu's scratch and plans: variant 0 the fused matmul, 1 the plain matmul + kernel. */
+struct dgelu_trial {
+	const struct ng_matmul *mm[2];
+	char *dinp, *aux, *dout, *w, *ws;
+	size_t n_in;
+};
+
+static enum ng_status dgelu_run(struct ng_exec *e, void *arg, int v)
+{
+	const struct dgelu_trial *d = arg;
+	enum ng_status st = ng_matmul_run(d->mm[v], d->dinp, d->dout, d->w, NULL,
+					  v == 0 ? d->aux : NULL, NULL, d->ws, e->stream);
+	if (!st && v == 1)
+		st = ng_gelu_bwd((ng_bf16 *)d->dinp, (const ng_bf16 *)d->aux,
+				 (const ng_bf16 *)d->dinp, d->n_in, e->stream);
+	return st;
+}
+
 /* --gelu-fusion auto: the FC-proj backward as one matmul with the DGELU epilogue, or as a plain
- * matmul and the GELU-backward kernel, whichever is faster here at the step's shape (median of
- * 15 interleaved runs after 3 warm-ups, on scratch filled with a constant). Both plans stay in
+ * matmul and the GELU-backward kernel, whichever is faster here at the step's shape (time_pair:
+ * under sustained load, on scratch filled with a constant). Both plans stay in
  * e->plans; the graph is built with the choice. Measured on the H200: the epilogue wins at d12
  * and d48, loses at d24 (BENCHMARKS.md). Not with --deterministic: two runs must build the same
  * step, so the bits stay as given. */
 static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 {
-	enum { WARM = 3, REPS = 15 };
 	const struct ng_gpt_config *m = &e->cfg.model;
 	struct ng_matmul_spec s = { .kind = NG_MATMUL_DINP, .N = e->cfg.B * e->cfg.T,
 				    .IC = 4 * m->C, .OC = m->C, .autotune = e->cfg.autotune };
@@ -132,8 +214,6 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 		bytes += ALIGN_UP(sizes[i], 256);
 	}
 	char *buf = NULL;
-	cudaEvent_t ev[2] = { 0 };
-	float ms[2][REPS];
 	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
 		/* no room to time it: keep the bits as given; if the step itself does not fit,
 		 * the arena check below says so in its own words */
@@ -141,37 +221,15 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 		e->dgelu_ms[0] = e->dgelu_ms[1] = -1.0f;
 		return NG_OK;
 	}
+	struct dgelu_trial d = { { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm },
+				 buf + at[0], buf + at[1], buf + at[2], buf + at[3],
+				 ws ? buf + at[4] : NULL, n_in };
 	st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream)); /* bf16 0x3c3c = 0.0115 */
-	for (int i = 0; i < 2 && !st; i++)
-		st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
-	for (int r = 0; r < WARM + REPS && !st; r++) {
-		for (int v = 0; v < 2 && !st; v++) {
-			const struct ng_matmul *mm = &e->plans[plan[v]].mm;
-			void *dinp = buf + at[0], *aux = buf + at[1], *wsp = ws ? buf + at[4] : NULL;
-			st = NG_CUDA_CHECK(cudaEventRecord(ev[0], e->stream));
-			if (!st)
-				st = ng_matmul_run(mm, dinp, buf + at[2], buf + at[3], NULL,
-						   v == 0 ? aux : NULL, NULL, wsp, e->stream);
-			if (!st && v == 1)
-				st = ng_gelu_bwd(dinp, aux, dinp, n_in, e->stream);
-			if (!st)
-				st = NG_CUDA_CHECK(cudaEventRecord(ev[1], e->stream));
-			if (!st)
-				st = NG_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-			if (!st && r >= WARM)
-				st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[v][r - WARM], ev[0], ev[1]));
-		}
-	}
-	for (int i = 0; i < 2; i++)
-		if (ev[i])
-			cudaEventDestroy(ev[i]);
+	if (!st)
+		st = time_pair(e, dgelu_run, &d, e->dgelu_ms);
 	cudaFree(buf);
 	if (st)
 		return st;
-	for (int v = 0; v < 2; v++) {
-		qsort(ms[v], REPS, sizeof(float), cmp_float);
-		e->dgelu_ms[v] = ms[v][REPS / 2];
-	}
 	*fuse = e->dgelu_ms[0] <= e->dgelu_ms[1];
 	return NG_OK;
 }
@@ -182,18 +240,55 @@ static int fp8_kind_bit(int k)
 	return k < 5 ? 1 << k : 1 << (k - 5 + NG_FP8_DINP_SHIFT);
 }
 
+/* choose_fp8's scratch and plans: variant 0 the bf16 matmul, 1 the casts and the fp8 matmul.
+ * at: inp, inp8, W, W8, out, aux, bias, scales (scale, amax, 2 descales), workspace. */
+struct fp8_trial {
+	const struct ng_matmul *mm[2];
+	char *buf;
+	size_t at[9];
+	void *ws, *aux, *bias;
+	float *sc;
+	int dinp, cast, OC, IC;
+	size_t n_in, n_w;
+};
+
+static enum ng_status fp8_run(struct ng_exec *e, void *arg, int v)
+{
+	const struct fp8_trial *t = arg;
+	char *buf = t->buf;
+	const size_t *at = t->at;
+	if (v == 0)
+		return ng_matmul_run(t->mm[0], buf + at[4], buf + at[0], buf + at[2], t->bias, t->aux,
+				     NULL, t->ws, e->stream);
+	enum ng_status st = NG_OK;
+	if (e->train.recompute_fp8) /* W cast at its use */
+		st = t->dinp ? ng_fp8_cast_e4m3_wt_seg(NULL, (uint8_t *)(buf + at[3]),
+						       (const ng_bf16 *)(buf + at[2]), t->sc, t->OC,
+						       t->IC, 1, e->stream)
+			     : ng_fp8_cast_e4m3_seg((uint8_t *)(buf + at[3]),
+						    (const ng_bf16 *)(buf + at[2]), t->sc, NULL,
+						    t->n_w, 1, e->stream);
+	if (!st && t->cast)
+		st = ng_fp8_cast_seg(t->dinp ? NG_FP8_E5M2 : NG_FP8_E4M3, (uint8_t *)(buf + at[1]),
+				     (const ng_bf16 *)(buf + at[0]), t->sc, t->sc + 1, t->n_in, 1,
+				     e->stream);
+	if (!st)
+		st = ng_matmul_run_fp8(t->mm[1], buf + at[4], buf + at[1], buf + at[3], t->bias,
+				       t->aux, t->sc + 4, t->sc + 8, t->ws, e->stream);
+	return st;
+}
+
 /* --fp8 (AUTO): for each kind of fp8 matmul in *mask (graph/step.h: the five forward kinds,
  * then the four layer dinp kinds), at the step's shape, the bf16 matmul against the fp8 matmul
  * plus the cast of its input where the step casts it (forward attproj and fcproj to E4M3; every
- * dinp's dout to E5M2; a LayerNorm writes the other forward inputs), median of 9 interleaved
- * runs after 2 warm-ups, on scratch filled with a constant; a kind stays fp8 only where that is
+ * dinp's dout to E5M2; a LayerNorm writes the other forward inputs), timed by time_pair (under
+ * sustained load) on scratch filled with a constant; a kind stays fp8 only where that is
  * faster (with --recompute fp8, the cast of W, or W^T, counts too). The cast costs 3 bytes an
  * input element, so an output narrower than about C = 800 loses what the fp8 rate wins
  * (kernels of GPU.md's rates). Plans stay in e->plans. */
 static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int fuse_bwd, int head_rows,
 				 int *mask)
 {
-	enum { WARM = 2, REPS = 9 };
 	const struct ng_gpt_config *m = &e->cfg.model;
 	static const enum ng_op_which kinds[5] = { NG_OP_WHICH_QKV, NG_OP_WHICH_ATTPROJ,
 						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ,
@@ -241,59 +336,20 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int fuse_bwd, 
 		}
 		float one[16] = { 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0, 0, 0, 1.0f };
 		float *sc = (float *)(buf + at[7]);
-		cudaEvent_t ev[2] = { 0 };
-		float ms[2][REPS];
+		struct fp8_trial t = { { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm }, buf, {0},
+				       ws ? buf + at[8] : NULL, s.gelu ? buf + at[5] : NULL,
+				       s.bias ? buf + at[6] : NULL, sc, dinp, cast, s.OC, s.IC, n_in,
+				       n_w };
+		memcpy(t.at, at, sizeof(at));
 		st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, at[7], e->stream)); /* 0.0115 */
 		if (!st)
 			st = NG_CUDA_CHECK(cudaMemcpyAsync(sc, one, sizeof(one), cudaMemcpyHostToDevice,
 							   e->stream));
-		for (int i = 0; i < 2 && !st; i++)
-			st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
-		for (int r = 0; r < WARM + REPS && !st; r++) {
-			for (int v = 0; v < 2 && !st; v++) {
-				const struct ng_matmul *mm = &e->plans[plan[v]].mm;
-				void *wsp = ws ? buf + at[8] : NULL, *aux = s.gelu ? buf + at[5] : NULL;
-				void *bias = s.bias ? buf + at[6] : NULL;
-				st = NG_CUDA_CHECK(cudaEventRecord(ev[0], e->stream));
-				if (!st && v == 0)
-					st = ng_matmul_run(mm, buf + at[4], buf + at[0], buf + at[2], bias,
-							   aux, NULL, wsp, e->stream);
-				if (!st && v == 1 && e->train.recompute_fp8) /* W cast at its use */
-					st = dinp ? ng_fp8_cast_e4m3_wt_seg(
-							    NULL, (uint8_t *)(buf + at[3]),
-							    (const ng_bf16 *)(buf + at[2]), sc, s.OC,
-							    s.IC, 1, e->stream)
-						  : ng_fp8_cast_e4m3_seg((uint8_t *)(buf + at[3]),
-									 (const ng_bf16 *)(buf + at[2]),
-									 sc, NULL, n_w, 1, e->stream);
-				if (!st && v == 1 && cast)
-					st = ng_fp8_cast_seg(dinp ? NG_FP8_E5M2 : NG_FP8_E4M3,
-							     (uint8_t *)(buf + at[1]),
-							     (const ng_bf16 *)(buf + at[0]), sc, sc + 1,
-							     n_in, 1, e->stream);
-				if (!st && v == 1)
-					st = ng_matmul_run_fp8(mm, buf + at[4], buf + at[1], buf + at[3],
-							       bias, aux, sc + 4, sc + 8, wsp,
-							       e->stream);
-				if (!st)
-					st = NG_CUDA_CHECK(cudaEventRecord(ev[1], e->stream));
-				if (!st)
-					st = NG_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-				if (!st && r >= WARM)
-					st = NG_CUDA_CHECK(cudaEventElapsedTime(&ms[v][r - WARM], ev[0],
-										ev[1]));
-			}
-		}
-		for (int i = 0; i < 2; i++)
-			if (ev[i])
-				cudaEventDestroy(ev[i]);
+		if (!st)
+			st = time_pair(e, fp8_run, &t, e->fp8_ms[k]);
 		cudaFree(buf);
 		if (st)
 			break;
-		for (int v = 0; v < 2; v++) {
-			qsort(ms[v], REPS, sizeof(float), cmp_float);
-			e->fp8_ms[k][v] = ms[v][REPS / 2];
-		}
 		if (e->fp8_ms[k][1] >= e->fp8_ms[k][0])
 			*mask &= ~bit;
 	}
