@@ -27,30 +27,8 @@
 #include "kernels/check.h"
 #include "kernels/fp8.h"
 #include "kernels/matmul.h"
+#include "tests/kernel_testing.h"
 #include "util/rng.h"
-
-static uint64_t seed_now_(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
-}
-
-static float bf16_f_(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-static uint16_t f_bf16_(float f) /* nearest even; finite inputs */
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
 
 /* The byte of x in an FP8 format of `mb` mantissa bits and exponent bias `bias`: nearest even,
  * saturated to +-maxv (byte maxbyte), NaN -> 0x7f (a NaN in both formats). */
@@ -130,7 +108,7 @@ static void cast_case_(size_t n, int margin, double spread)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	uint64_t seed = seed_now_();
+	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	uint16_t *h = malloc(n * 2);
@@ -140,8 +118,8 @@ static void cast_case_(size_t n, int margin, double spread)
 							    (int)spread);
 		if (i % 97 == 5)
 			x = 0.0;
-		h[i] = f_bf16_((float)x);
-		amax = fmaxf(amax, fabsf(bf16_f_(h[i])));
+		h[i] = kt_f32_to_bf16((float)x);
+		amax = fmaxf(amax, fabsf(kt_bf16_to_f32(h[i])));
 	}
 	void *bi, *bo, *bs;
 	uint16_t *din = dev_(&bi, n * 2, 16);
@@ -163,11 +141,11 @@ static void cast_case_(size_t n, int margin, double spread)
 	cr_assert_eq(sc[2], 1.0f / want_scale);
 	size_t bad = 0, sat = 0;
 	for (size_t i = 0; i < n; i++) {
-		uint8_t want = e4m3_encode_(bf16_f_(h[i]) * want_scale);
+		uint8_t want = e4m3_encode_(kt_bf16_to_f32(h[i]) * want_scale);
 		sat += (want & 0x7f) == 0x7e;
 		if (got[i] != want && bad++ < 5)
 			cr_log_error("seed %llu i=%zu x=%a: gpu 0x%02x cpu 0x%02x",
-				     (unsigned long long)seed, i, (double)bf16_f_(h[i]), got[i], want);
+				     (unsigned long long)seed, i, (double)kt_bf16_to_f32(h[i]), got[i], want);
 	}
 	cr_expect_eq(bad, 0, "seed %llu: %zu of %zu bytes differ", (unsigned long long)seed, bad, n);
 	cr_log_info("n=%zu margin %d: amax %g, %zu values at +-448", n, margin, amax, sat);
@@ -187,7 +165,7 @@ Test(fp8, amax_nan_and_bad_args)
 		cr_skip_test("no CUDA device");
 	uint16_t h[40];
 	for (int i = 0; i < 40; i++)
-		h[i] = f_bf16_((float)i);
+		h[i] = kt_f32_to_bf16((float)i);
 	h[33] = 0x7fc0; /* NaN in the scalar tail */
 	void *bi, *bs;
 	uint16_t *din = dev_(&bi, sizeof(h), 0);
@@ -216,7 +194,7 @@ Test(fp8, segments_amax_scale_cast)
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
 	enum { NSEG = 5, SEG = 3000 };
-	uint64_t seed = seed_now_();
+	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	static uint16_t h[NSEG * SEG];
@@ -225,8 +203,8 @@ Test(fp8, segments_amax_scale_cast)
 	for (int k = 0; k < NSEG; k++)
 		for (int i = 0; i < SEG; i++) {
 			double x = ng_rng_normal(&r) * ldexp(1.0, 3 * k - 6);
-			h[k * SEG + i] = f_bf16_((float)x);
-			amax[k] = fmaxf(amax[k], fabsf(bf16_f_(h[k * SEG + i])));
+			h[k * SEG + i] = kt_f32_to_bf16((float)x);
+			amax[k] = fmaxf(amax[k], fabsf(kt_bf16_to_f32(h[k * SEG + i])));
 		}
 	void *bi, *bo, *bs;
 	uint16_t *din = dev_(&bi, sizeof(h), 0);
@@ -252,7 +230,7 @@ Test(fp8, segments_amax_scale_cast)
 		cr_expect_eq(hd[NSEG + k], sc, "seg %d: scale %a want %a", k, hd[NSEG + k], sc);
 		cr_expect_eq(hd[2 * NSEG + NG_FP8_DESCALE_STRIDE * k], 1.0f / sc);
 		for (int i = 0; i < SEG; i++)
-			if (got[k * SEG + i] != e4m3_encode_(bf16_f_(h[k * SEG + i]) * sc))
+			if (got[k * SEG + i] != e4m3_encode_(kt_bf16_to_f32(h[k * SEG + i]) * sc))
 				bad++;
 	}
 	cr_expect_eq(bad, 0, "seed %llu: %zu bytes differ", (unsigned long long)seed, bad);
@@ -345,7 +323,7 @@ static void expect_rule_(const uint16_t *g, const double *rf, const float *nvp, 
 	double ek = 0, en = 0, big = 0;
 	size_t worst = 0;
 	for (size_t i = 0; i < n; i++) {
-		double a = fabs(bf16_f_(g[i]) - rf[i]), b = fabs(nvp[i] - rf[i]);
+		double a = fabs(kt_bf16_to_f32(g[i]) - rf[i]), b = fabs(nvp[i] - rf[i]);
 		if (!(a <= ek)) {
 			ek = isnan(a) ? INFINITY : a;
 			worst = i;
@@ -356,7 +334,7 @@ static void expect_rule_(const uint16_t *g, const double *rf, const float *nvp, 
 	double atol = big / 1024;
 	cr_expect(ek <= 2 * en + atol, "%s (seed %llu): max abs err %.3g > 2 x naive %.3g + atol "
 		  "%.3g (worst %zu: gpu %.6g ref %.6g)", what, (unsigned long long)seed, ek, en,
-		  atol, worst, (double)bf16_f_(g[worst]), rf[worst]);
+		  atol, worst, (double)kt_bf16_to_f32(g[worst]), rf[worst]);
 }
 
 /* E5M2: the codec round-trips every finite byte; the GPU cast (a gradient's format) matches
@@ -374,17 +352,17 @@ Test(fp8, e5m2_and_transposed_casts_exact)
 	}
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	uint64_t seed = seed_now_();
+	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	enum { N = 20011, S = 3, R = 40, CC = 56 };
 	static uint16_t h[N], ht[S * R * CC];
 	static uint8_t got[N], gt[S * R * CC];
 	for (int i = 0; i < N; i++)
-		h[i] = f_bf16_((float)(ng_rng_normal(&r) *
+		h[i] = kt_f32_to_bf16((float)(ng_rng_normal(&r) *
 				       ldexp(1.0, (int)ng_rng_below(&r, 41) - 24)));
 	for (int i = 0; i < S * R * CC; i++)
-		ht[i] = f_bf16_((float)ng_rng_normal(&r));
+		ht[i] = kt_f32_to_bf16((float)ng_rng_normal(&r));
 	void *bi, *bo, *bs, *bti, *bto;
 	uint16_t *din = dev_(&bi, sizeof(h), 0), *dti = dev_(&bti, sizeof(ht), 0);
 	uint8_t *dout = dev_(&bo, sizeof(got), 0), *dto = dev_(&bto, sizeof(gt), 0);
@@ -400,16 +378,16 @@ Test(fp8, e5m2_and_transposed_casts_exact)
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(gt, dto, sizeof(gt), cudaMemcpyDeviceToHost)));
 	size_t bad = 0, badt = 0;
 	for (int i = 0; i < N; i++)
-		if (got[i] != e5m2_encode_(bf16_f_(h[i]) * sc[0]) && bad++ < 5)
+		if (got[i] != e5m2_encode_(kt_bf16_to_f32(h[i]) * sc[0]) && bad++ < 5)
 			cr_log_error("seed %llu E5M2 i=%d x=%a: gpu 0x%02x cpu 0x%02x",
-				     (unsigned long long)seed, i, (double)bf16_f_(h[i]), got[i],
-				     e5m2_encode_(bf16_f_(h[i]) * sc[0]));
+				     (unsigned long long)seed, i, (double)kt_bf16_to_f32(h[i]), got[i],
+				     e5m2_encode_(kt_bf16_to_f32(h[i]) * sc[0]));
 	for (int k = 0; k < S; k++)
 		for (int rr = 0; rr < R; rr++)
 			for (int c = 0; c < CC; c++) {
 				size_t src = ((size_t)k * R + rr) * CC + c;
 				size_t dst = ((size_t)k * CC + c) * R + rr;
-				badt += gt[dst] != e4m3_encode_(bf16_f_(ht[src]) * sc[k]);
+				badt += gt[dst] != e4m3_encode_(kt_bf16_to_f32(ht[src]) * sc[k]);
 			}
 	cr_expect_eq(bad, 0, "seed %llu: %zu of %d E5M2 bytes differ", (unsigned long long)seed,
 		     bad, N);
@@ -425,7 +403,7 @@ Test(fp8, cast_w_and_wt_in_one_pass)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	uint64_t seed = seed_now_();
+	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	const int shapes[3][3] = { { 128, 192, 2 }, { 37, 50, 3 }, { 200, 72, 1 } };
@@ -436,7 +414,7 @@ Test(fp8, cast_w_and_wt_in_one_pass)
 		uint8_t *g8 = malloc(n), *gt = malloc(n);
 		cr_assert(h && g8 && gt);
 		for (size_t i = 0; i < n; i++)
-			h[i] = f_bf16_((float)(ng_rng_normal(&r) *
+			h[i] = kt_f32_to_bf16((float)(ng_rng_normal(&r) *
 					       ldexp(1.0, (int)ng_rng_below(&r, 21) - 10)));
 		void *bi, *bo, *bt, *bs;
 		uint16_t *din = dev_(&bi, n * 2, 0);
@@ -459,7 +437,7 @@ Test(fp8, cast_w_and_wt_in_one_pass)
 					for (int c = 0; c < CC; c++) {
 						size_t src = ((size_t)k * R + rr) * CC + c;
 						size_t dst = ((size_t)k * CC + c) * R + rr;
-						uint8_t want = e4m3_encode_(bf16_f_(h[src]) * sc[k]);
+						uint8_t want = e4m3_encode_(kt_bf16_to_f32(h[src]) * sc[k]);
 						bad += g8[src] != (mode != 2 ? want : 0xAB);
 						badt += gt[dst] != (mode != 1 ? want : 0xAB);
 					}
@@ -479,7 +457,7 @@ static void dinp_case_(int N, int IC, int OC, int gelu)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	uint64_t seed = seed_now_();
+	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	size_t dn = (size_t)N * OC, wn = (size_t)OC * IC, on = (size_t)N * IC;
@@ -498,8 +476,8 @@ static void dinp_case_(int N, int IC, int OC, int gelu)
 			wd[(size_t)o * IC + i] = e4m3_decode_(q);
 		}
 	for (size_t i = 0; i < on; i++) {
-		auxh[i] = f_bf16_((float)ng_rng_normal(&r));
-		auxd[i] = bf16_f_(auxh[i]);
+		auxh[i] = kt_f32_to_bf16((float)ng_rng_normal(&r));
+		auxd[i] = kt_bf16_to_f32(auxh[i]);
 	}
 	float dsc[2] = { 1.0f / ds, 1.0f / wsc };
 	double *ref = malloc(on * 8);
@@ -523,7 +501,7 @@ static void dinp_case_(int N, int IC, int OC, int gelu)
 				ref[j] = g;
 				nv[j] = (float)gf;
 			}
-			nv[j] = bf16_f_(f_bf16_(nv[j]));
+			nv[j] = kt_bf16_to_f32(kt_f32_to_bf16(nv[j]));
 		}
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
@@ -566,7 +544,7 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	uint64_t seed = seed_now_();
+	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	size_t xn = (size_t)N * IC, wn = (size_t)OC * IC, on = (size_t)N * OC;
@@ -584,8 +562,8 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 		wd[i] = e4m3_decode_(wq[i]);
 	}
 	for (int o = 0; o < OC; o++) {
-		bh[o] = f_bf16_((float)(bias ? 0.5 * ng_rng_normal(&r) : 0.0));
-		bd[o] = bf16_f_(bh[o]);
+		bh[o] = kt_f32_to_bf16((float)(bias ? 0.5 * ng_rng_normal(&r) : 0.0));
+		bd[o] = kt_bf16_to_f32(bh[o]);
 	}
 	float dsc[2] = { 1.0f / xs, 1.0f / ws }; /* descale of x, of W */
 	double *ref = malloc(on * 8), *pre = malloc(on * 8);
@@ -607,14 +585,14 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 		ng_ref_gelu_fwd(ref, pre, on);
 		for (size_t i = 0; i < on; i++) {
 			double g;
-			ng_ref_gelu_fwd(&g, &(double){ bf16_f_(f_bf16_(nv_pre[i])) }, 1);
-			nv[i] = bf16_f_(f_bf16_((float)g));
-			nv_pre[i] = bf16_f_(f_bf16_(nv_pre[i]));
+			ng_ref_gelu_fwd(&g, &(double){ kt_bf16_to_f32(kt_f32_to_bf16(nv_pre[i])) }, 1);
+			nv[i] = kt_bf16_to_f32(kt_f32_to_bf16((float)g));
+			nv_pre[i] = kt_bf16_to_f32(kt_f32_to_bf16(nv_pre[i]));
 		}
 	} else {
 		memcpy(ref, pre, on * 8);
 		for (size_t i = 0; i < on; i++)
-			nv[i] = bf16_f_(f_bf16_(nv_pre[i]));
+			nv[i] = kt_bf16_to_f32(kt_f32_to_bf16(nv_pre[i]));
 	}
 
 	struct ng_matmul_ctx ctx;
@@ -699,7 +677,7 @@ Test(fp8, amax_fold_and_unfold)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	uint64_t seed = seed_now_();
+	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	enum { S = 7, SUB = NG_FP8_AMAX_SUB, STRIDE = NG_FP8_AMAX_STRIDE };

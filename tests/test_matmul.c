@@ -26,6 +26,7 @@
 #include "kernels/check.h"
 #include "kernels/matmul.h"
 #include "kernels/types.h"
+#include "tests/kernel_testing.h"
 #include "util/rng.h"
 
 /* One test case. */
@@ -42,38 +43,15 @@ struct mm_case {
 	int colsum;      /* DW bias: 1 the column-sum matmul, 0 the BGRADB epilogue */
 };
 
-static float bf16_to_f32_(ng_bf16 h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-static ng_bf16 f32_to_bf16_(float f) /* round to nearest even; inputs here are finite */
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (ng_bf16)(u >> 16);
-}
-
-static float round_bf16_(float f) { return bf16_to_f32_(f32_to_bf16_(f)); }
-
-static uint64_t fresh_seed_(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
-}
+static float round_bf16_(float f) { return kt_bf16_to_f32(kt_f32_to_bf16(f)); }
 
 /* n bf16 values N(mean, sd): bits in h, the same values exactly in f (fp32) and d (fp64). */
 static void fill_(struct ng_rng *r, ng_bf16 *h, float *f, double *d, size_t n, double mean,
 		  double sd)
 {
 	for (size_t i = 0; i < n; i++) {
-		h[i] = f32_to_bf16_((float)(mean + sd * ng_rng_normal(r)));
-		f[i] = bf16_to_f32_(h[i]);
+		h[i] = kt_f32_to_bf16((float)(mean + sd * ng_rng_normal(r)));
+		f[i] = kt_bf16_to_f32(h[i]);
 		d[i] = f[i];
 	}
 }
@@ -239,7 +217,7 @@ static void run_case_(const struct mm_case *c)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	uint64_t seed = fresh_seed_();
+	uint64_t seed = kt_seed();
 	struct ng_rng rng;
 	ng_rng_seed(&rng, seed);
 	const int fwd = c->kind == NG_MATMUL_FWD, dw = c->kind == NG_MATMUL_DW;
@@ -316,7 +294,7 @@ static void run_case_(const struct mm_case *c)
 			up_(ddb, db0, OC * 4);
 		} else if (call == 0) {
 			for (size_t i = 0; i < out_n; i++)
-				tmp[i] = f32_to_bf16_(h.out0[i]);
+				tmp[i] = kt_f32_to_bf16(h.out0[i]);
 			up_(dout, tmp, out_n * 2);
 		}
 		down_(prev, dout, out_n * out_es); /* the state before this call */
@@ -359,11 +337,11 @@ static void run_case_(const struct mm_case *c)
 	}
 	if (!dw) {
 		for (size_t i = 0; i < out_n; i++)
-			h.gpu[i] = bf16_to_f32_(tmp[i]);
+			h.gpu[i] = kt_bf16_to_f32(tmp[i]);
 		expect_close_("out", h.ref, h.nv, h.gpu, out_n, 1, seed, c);
 		if (fwd && c->gelu) {
 			for (size_t i = 0; i < aux_n; i++)
-				h.gpu_aux[i] = bf16_to_f32_(auxo[i]);
+				h.gpu_aux[i] = kt_bf16_to_f32(auxo[i]);
 			expect_close_("aux", h.ref_aux, h.nv_aux, h.gpu_aux, aux_n, 1, seed, c);
 			gelu_form_(h.ref_aux, NULL, h.ref, h.gpu, out_n, seed);
 		}
