@@ -7,6 +7,7 @@
 #include "graph/exec.h"
 #include "graph/exec_internal.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -1021,6 +1022,51 @@ static double peak_for(const char *name)
 	return 0;
 }
 
+/* The device word of the autotune cache: GPU name, compute capability and cuBLASLt version. */
+static void tune_device(const struct cudaDeviceProp *prop, char *out, size_t n)
+{
+	snprintf(out, n, "%s_sm_%d%d_cublasLt_%zu", prop->name, prop->major, prop->minor,
+		 cublasLtGetVersion());
+	for (char *p = out; *p; p++)
+		if (!isalnum((unsigned char)*p) && *p != '.' && *p != '-')
+			*p = '_';
+}
+
+/* --autotune with a cache directory: read the choices an earlier run kept for this GPU. The
+ * cache is only a cache: a file it cannot read leaves a warning (printed by the backend) and
+ * every matmul timed again, then the file rewritten. */
+static void open_tune_cache(struct ng_exec *e, const struct cudaDeviceProp *prop)
+{
+	e->tune_cache_path[0] = e->tune_warning[0] = '\0';
+	const char *dir = e->cfg.autotune_cache;
+	if (!e->cfg.autotune || !dir || !dir[0])
+		return;
+	char dev[300];
+	tune_device(prop, dev, sizeof(dev));
+	snprintf(e->tune_cache_path, sizeof(e->tune_cache_path), "%s/autotune-%s.txt", dir, dev);
+	if (ng_matmul_choices_load(&e->mmctx, e->tune_cache_path, dev, &e->tune_loaded)) {
+		snprintf(e->tune_warning, sizeof(e->tune_warning), "%s", ng_error_message());
+		ng_clear_error();
+	}
+}
+
+/* After planning: keep what was timed (rank 0 only: the ranks time the same shapes). */
+static void save_tune_cache(struct ng_exec *e)
+{
+	if (!e->tune_cache_path[0] || e->mmctx.choices_made == 0 || e->cfg.rank != 0)
+		return;
+	struct cudaDeviceProp prop;
+	int dev = 0;
+	char word[300];
+	if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+		return;
+	tune_device(&prop, word, sizeof(word));
+	if (ng_matmul_choices_save(&e->mmctx, e->tune_cache_path, word)) {
+		snprintf(e->tune_warning, sizeof(e->tune_warning), "%s", ng_error_message());
+		ng_clear_error();
+	}
+}
+
 enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 {
 	memset(e, 0, sizeof(*e));
@@ -1049,6 +1095,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))
 		return NG_ERR_RUNTIME;
 	enum ng_status st = ng_matmul_ctx_init(&e->mmctx, 32u << 20);
+	if (!st)
+		open_tune_cache(e, &prop);
 	struct ng_step_options opt = cfg->step;
 	opt.deterministic = cfg->deterministic;
 	if (opt.deterministic) /* a timed choice could differ between two runs */
@@ -1118,6 +1166,7 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 		st = plan_graph(e, &e->eval, &e->eval_plan);
 	if (st)
 		return st;
+	save_tune_cache(e);
 
 	e->arena_bytes = e->train.total_bytes;
 	if (cfg->eval_batches > 0 && e->eval.total_bytes > e->arena_bytes)

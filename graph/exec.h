@@ -53,6 +53,8 @@ struct ng_exec_config {
 	int no_graph;                  /* launch the nodes eagerly every step */
 	int force_naive_attention;     /* plain CUDA attention instead of cuDNN */
 	int autotune;                  /* time cuBLASLt candidates at plan time */
+	const char *autotune_cache;    /* autotune: the directory that keeps its choices between
+	                                * runs (a file per GPU and cuBLASLt); NULL or "": none */
 	int rank, world;               /* data parallelism: this process's rank, ranks (1 alone) */
 	struct ncclComm *comm;         /* NCCL communicator (src/dist.h); NULL: no collectives */
 	int zero1;                     /* ZeRO-1: AdamW moments sharded across ranks (needs comm) */
@@ -107,6 +109,9 @@ struct ng_exec {
 	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
 	char device_name[256];
 	size_t device_total_bytes;     /* the GPU's memory */
+	char tune_cache_path[4096];    /* autotune's choices file, or "" when none is kept */
+	int tune_loaded;               /* choices read from it */
+	char tune_warning[512];        /* why it could not be read or written, or "" */
 	size_t shard_len;              /* ZeRO-1: parameters per rank (ceil(total / world)) */
 	size_t shard_off;              /* ZeRO-1: first parameter this rank updates */
 	cudaStream_t dp_stream;        /* per-layer gradient all-reduces, overlapping the backward */

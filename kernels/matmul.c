@@ -59,6 +59,7 @@ void ng_matmul_ctx_free(struct ng_matmul_ctx *ctx)
 {
 	if (ctx->lt)
 		cublasLtDestroy(ctx->lt);
+	free(ctx->choices);
 	memset(ctx, 0, sizeof(*ctx));
 }
 
@@ -512,6 +513,67 @@ static enum ng_status describe_(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	return heuristic_(ctx, mm->desc, l, &mm->spec, "", res, want, got);
 }
 
+/* The choice's key for the candidates res[0..got) of mm (chosen and ms not set). */
+static struct ng_matmul_choice choice_key_(const struct ng_matmul *mm,
+					   const struct ng_matmul_ctx *ctx,
+					   const cublasLtMatmulHeuristicResult_t *res, int got)
+{
+	struct ng_matmul_choice c;
+	memset(&c, 0, sizeof(c));
+	c.spec = mm->spec;
+	c.align_bytes = mm->align_bytes;
+	c.workspace_bytes = ctx->workspace_bytes;
+	c.colsum = mm->colsum;
+	c.n_candidates = got;
+	uint64_t h = 14695981039346656037ull; /* FNV-1a, 64 bits */
+	for (int i = 0; i < got; i++) {
+		const unsigned char *b = (const unsigned char *)&res[i].algo;
+		for (size_t j = 0; j < sizeof(res[i].algo); j++)
+			h = (h ^ b[j]) * 1099511628211ull;
+	}
+	c.candidates_hash = h;
+	return c;
+}
+
+static int same_key_(const struct ng_matmul_choice *a, const struct ng_matmul_choice *b)
+{
+	const struct ng_matmul_spec *x = &a->spec, *y = &b->spec;
+	return x->kind == y->kind && x->N == y->N && x->IC == y->IC && x->OC == y->OC &&
+	       x->gelu == y->gelu && x->bias == y->bias && x->accumulate == y->accumulate &&
+	       x->fp8 == y->fp8 && a->align_bytes == b->align_bytes &&
+	       a->workspace_bytes == b->workspace_bytes && a->colsum == b->colsum &&
+	       a->candidates_hash == b->candidates_hash && a->n_candidates == b->n_candidates;
+}
+
+static const struct ng_matmul_choice *find_choice_(const struct ng_matmul_ctx *ctx,
+						   const struct ng_matmul_choice *key)
+{
+	for (int i = 0; i < ctx->n_choices; i++)
+		if (same_key_(&ctx->choices[i], key) && ctx->choices[i].chosen >= 0 &&
+		    ctx->choices[i].chosen < key->n_candidates)
+			return &ctx->choices[i];
+	return NULL;
+}
+
+enum ng_status ng_matmul_choice_add(struct ng_matmul_ctx *ctx, const struct ng_matmul_choice *c)
+{
+	for (int i = 0; i < ctx->n_choices; i++)
+		if (same_key_(&ctx->choices[i], c)) {
+			ctx->choices[i] = *c;
+			return NG_OK;
+		}
+	if (ctx->n_choices == ctx->cap_choices) {
+		int cap = ctx->cap_choices ? 2 * ctx->cap_choices : 32;
+		void *p = realloc(ctx->choices, (size_t)cap * sizeof(*ctx->choices));
+		if (!p)
+			return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+		ctx->choices = p;
+		ctx->cap_choices = cap;
+	}
+	ctx->choices[ctx->n_choices++] = *c;
+	return NG_OK;
+}
+
 enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 			      const struct ng_matmul_spec *spec)
 {
@@ -544,10 +606,24 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	}
 	mm->n_candidates = got;
 	mm->chosen = 0;
-	if (spec->autotune && ctx->force_candidate >= 0)
+	if (spec->autotune && ctx->force_candidate >= 0) {
 		mm->chosen = ctx->force_candidate < got ? ctx->force_candidate : got - 1;
-	else if (spec->autotune && got > 1 && (st = autotune_(mm, ctx, res, got)))
-		goto out_fail;
+	} else if (spec->autotune && got > 1) {
+		struct ng_matmul_choice key = choice_key_(mm, ctx, res, got);
+		const struct ng_matmul_choice *known = find_choice_(ctx, &key);
+		if (known) {
+			mm->chosen = known->chosen;
+			ctx->choices_reused++;
+		} else {
+			if ((st = autotune_(mm, ctx, res, got)))
+				goto out_fail;
+			key.chosen = mm->chosen;
+			key.ms = mm->tuned_ms[mm->chosen];
+			if ((st = ng_matmul_choice_add(ctx, &key)))
+				goto out_fail;
+			ctx->choices_made++;
+		}
+	}
 	mm->algo = res[mm->chosen].algo;
 	mm->algo_ws = res[mm->chosen].workspaceSize;
 	layout_workspace_(mm);

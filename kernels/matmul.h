@@ -100,6 +100,10 @@ struct ng_matmul_ctx {
 	                            * BGRADB epilogue (0 by default; see "Bias gradient") */
 	int force_candidate;       /* tools' hook: >= 0 with autotune takes that heuristic candidate
 	                            * untimed (when it exists); -1 (the default): not used */
+	struct ng_matmul_choice *choices; /* autotune choices known (see "Choices kept") */
+	int n_choices, cap_choices;
+	int choices_made;          /* timed by this ctx (what ng_matmul_choices_save adds) */
+	int choices_reused;        /* plans that took a known choice, untimed */
 };
 
 enum ng_matmul_kind {
@@ -122,6 +126,21 @@ struct ng_matmul_spec {
 	                 * W comes as its transpose (IC, OC) in E4M3; each with a device descale
 	                 * (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC multiples
 	                 * of 16; needs an FP8 GPU (sm_89 / sm_90); not DW */
+};
+
+/* Choices kept: autotune's pick for one matmul, remembered so that the next plan of the same
+ * matmul on the same GPU and cuBLASLt takes it untimed. The key is the spec, the ctx's alignment
+ * and workspace limit, the bias-gradient form, and a hash of the heuristic's candidates in their
+ * order: a cuBLASLt that offers other candidates gets timed again. */
+struct ng_matmul_choice {
+	struct ng_matmul_spec spec;
+	unsigned align_bytes;
+	unsigned long long workspace_bytes;
+	int colsum;
+	unsigned long long candidates_hash; /* FNV-1a over the candidates' algo bytes */
+	int n_candidates;
+	int chosen;                         /* index among them */
+	float ms;                           /* its time when chosen (informative) */
 };
 
 /* A planned matmul; every descriptor lives until ng_matmul_free(). */
@@ -162,6 +181,22 @@ void ng_matmul_ctx_free(struct ng_matmul_ctx *ctx);
  * algorithm (the message names the shape and the cuBLASLt status). */
 enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 			      const struct ng_matmul_spec *spec);
+
+/* ctx learns choice c (replacing the one of the same key). */
+enum ng_status ng_matmul_choice_add(struct ng_matmul_ctx *ctx, const struct ng_matmul_choice *c);
+
+/* Read the choices kept in the text file at path into ctx, for the GPU and cuBLASLt named by
+ * device (one word, e.g. "NVIDIA_H200_sm_90_cublasLt_130000"). A missing file, or one made for
+ * another device, loads nothing and is not an error; a file that cannot be parsed loads
+ * nothing and fails with NG_ERR_INPUT naming the line (the caller may go on: the choices are
+ * only a cache). *loaded: how many were read. */
+enum ng_status ng_matmul_choices_load(struct ng_matmul_ctx *ctx, const char *path,
+				      const char *device, int *loaded);
+
+/* Write every choice ctx knows to path (through path.tmp.PID and a rename, so a reader never
+ * sees half a file), creating path's directory if missing. NG_ERR_INPUT when it cannot. */
+enum ng_status ng_matmul_choices_save(const struct ng_matmul_ctx *ctx, const char *path,
+				      const char *device);
 
 /* Run a planned matmul on stream s. Pointer meanings per kind (all device, row-major):
  *              out               a                 b                bias       aux         dbias

@@ -119,6 +119,23 @@ static void cu_free(void *ctx)
 	free(ctx);
 }
 
+/* --autotune-cache: the directory; "none" or "": none; not given: $XDG_CACHE_HOME/nanograph,
+ * else $HOME/.cache/nanograph, else none. */
+static const char *autotune_cache_dir(const char *flag)
+{
+	static char dir[4096];
+	if (flag)
+		return flag[0] && strcmp(flag, "none") != 0 ? flag : NULL;
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	if (xdg && xdg[0])
+		snprintf(dir, sizeof(dir), "%s/nanograph", xdg);
+	else if (home && home[0])
+		snprintf(dir, sizeof(dir), "%s/.cache/nanograph", home);
+	else
+		return NULL;
+	return dir;
+}
+
 void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_opts *o)
 {
 	memset(c, 0, sizeof(*c));
@@ -145,6 +162,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->dp_no_overlap = o->no_overlap;
 	c->profile = o->profile;
 	c->autotune = o->autotune;
+	c->autotune_cache = autotune_cache_dir(o->autotune_cache);
 	if (o->recompute)
 		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
 	c->step.head_chunk_rows = (int)o->head_chunk;
@@ -180,6 +198,15 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
 		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
 	fprintf(log, "attention: %s\n", ng_attention_describe(&e->att));
+	if (c.autotune) {
+		fprintf(log, "autotune: %d matmul shape(s) timed, %d choice(s) reused",
+			e->mmctx.choices_made, e->mmctx.choices_reused);
+		if (e->tune_cache_path[0])
+			fprintf(log, " | kept in %s", e->tune_cache_path);
+		fprintf(log, "\n");
+		if (e->tune_warning[0])
+			fprintf(log, "warning: %s (the choices were timed again)\n", e->tune_warning);
+	}
 	if ((g->fuse_gelu & NG_GELU_FUSE_AUTO) && e->dgelu_ms[0] < 0)
 		fprintf(log, "gelu fusion: %s (not timed: no device memory to spare)\n",
 			ng_step_gelu_fusion_name(g->fuse_gelu));

@@ -45,6 +45,8 @@ struct ng_train_opts {
 	bool no_overlap;           /* all-reduce the gradient in one piece after the backward */
 	bool profile;              /* GPU: time every op of one step at start and print the table */
 	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
+	const char *autotune_cache; /* GPU: directory keeping autotune's choices, "none", or NULL
+	                            * ($XDG_CACHE_HOME/nanograph or ~/.cache/nanograph) */
 	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm" or "none" */
 	long long head_chunk;      /* GPU: classifier rows per chunk, 0 = all B*T at once */
 	const char *gelu_fusion;   /* GPU: --gelu-fusion fwd,bwd | fwd | bwd | none (NULL: default) */
