@@ -1071,6 +1071,8 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 {
 	memset(e, 0, sizeof(*e));
 	e->cfg = *cfg;
+	if (cfg->deterministic) /* a timed choice could differ between two runs */
+		e->cfg.autotune = 0;
 	e->inited = true;
 	ng_graph_init(&e->train);
 	ng_graph_init(&e->eval);

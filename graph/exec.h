@@ -52,7 +52,8 @@ struct ng_exec_config {
 	int deterministic;             /* bitwise-reproducible attention backward */
 	int no_graph;                  /* launch the nodes eagerly every step */
 	int force_naive_attention;     /* plain CUDA attention instead of cuDNN */
-	int autotune;                  /* time cuBLASLt candidates at plan time */
+	int autotune;                  /* time cuBLASLt candidates at plan time (not with
+	                                * deterministic: ng_exec_init turns it off) */
 	const char *autotune_cache;    /* autotune: the directory that keeps its choices between
 	                                * runs (a file per GPU and cuBLASLt); NULL or "": none */
 	int rank, world;               /* data parallelism: this process's rank, ranks (1 alone) */

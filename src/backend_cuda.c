@@ -198,7 +198,10 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
 		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
 	fprintf(log, "attention: %s\n", ng_attention_describe(&e->att));
-	if (c.autotune) {
+	if (c.autotune && !e->cfg.autotune)
+		fprintf(log, "autotune: off (--deterministic: a timed choice could differ between "
+			"two runs)\n");
+	if (e->cfg.autotune) {
 		fprintf(log, "autotune: %d matmul shape(s) timed, %d choice(s) reused",
 			e->mmctx.choices_made, e->mmctx.choices_reused);
 		if (e->tune_cache_path[0])

@@ -72,7 +72,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--autotune", NG_FLAG_BOOL, &o.autotune, 0, 0, NULL,
 		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time, under "
 		  "sustained load (~20 s more start-up the first time: the choices are kept, see "
-		  "--autotune-cache)", false },
+		  "--autotune-cache); off with --deterministic", false },
 		{ "--autotune-cache", NG_FLAG_STRING, &o.autotune_cache, 0, 0, "DIR",
 		  "GPU: where --autotune keeps its choices for the next run, a file per GPU and "
 		  "cuBLASLt, or none ($XDG_CACHE_HOME/nanograph, else ~/.cache/nanograph)", false },
