@@ -1041,10 +1041,11 @@ static void open_tune_cache(struct ng_exec *e, const struct cudaDeviceProp *prop
 	const char *dir = e->cfg.autotune_cache;
 	if (!e->cfg.autotune || !dir || !dir[0])
 		return;
-	char dev[300];
-	tune_device(prop, dev, sizeof(dev));
-	snprintf(e->tune_cache_path, sizeof(e->tune_cache_path), "%s/autotune-%s.txt", dir, dev);
-	if (ng_matmul_choices_load(&e->mmctx, e->tune_cache_path, dev, &e->tune_loaded)) {
+	tune_device(prop, e->tune_device, sizeof(e->tune_device));
+	snprintf(e->tune_cache_path, sizeof(e->tune_cache_path), "%s/autotune-%s.txt", dir,
+		 e->tune_device);
+	if (ng_matmul_choices_load(&e->mmctx, e->tune_cache_path, e->tune_device,
+				   &e->tune_loaded)) {
 		snprintf(e->tune_warning, sizeof(e->tune_warning), "%s", ng_error_message());
 		ng_clear_error();
 	}
@@ -1055,13 +1056,7 @@ static void save_tune_cache(struct ng_exec *e)
 {
 	if (!e->tune_cache_path[0] || e->mmctx.choices_made == 0 || e->cfg.rank != 0)
 		return;
-	struct cudaDeviceProp prop;
-	int dev = 0;
-	char word[300];
-	if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
-		return;
-	tune_device(&prop, word, sizeof(word));
-	if (ng_matmul_choices_save(&e->mmctx, e->tune_cache_path, word)) {
+	if (ng_matmul_choices_save(&e->mmctx, e->tune_cache_path, e->tune_device)) {
 		snprintf(e->tune_warning, sizeof(e->tune_warning), "%s", ng_error_message());
 		ng_clear_error();
 	}

@@ -110,6 +110,7 @@ struct ng_exec {
 	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
 	char device_name[256];
 	size_t device_total_bytes;     /* the GPU's memory */
+	char tune_device[300];         /* the file's device word: GPU, sm, cuBLASLt version */
 	char tune_cache_path[4096];    /* autotune's choices file, or "" when none is kept */
 	int tune_loaded;               /* choices read from it */
 	char tune_warning[512];        /* why it could not be read or written, or "" */

@@ -5,8 +5,9 @@
  * Plan: descriptor + layouts + epilogue, then cublasLtMatmulAlgoGetHeuristic with the run's
  * pointer alignment and workspace limit; with autotune, the top candidates are timed on scratch
  * buffers (CUDA events: a burst median of ctx->tune_reps, then ~ctx->tune_sustained_ms of
- * back-to-back launches each on a GPU held busy) and the fastest under sustained load kept. Run: set the bias / aux
- * pointer attributes (host-only writes into the descriptor) and call cublasLtMatmul, plus one
+ * back-to-back launches each on a GPU held busy) and the fastest under sustained load kept
+ * (and remembered in ctx: "Choices kept", matmul.h). Run: set the bias / aux pointer
+ * attributes (host-only writes into the descriptor) and call cublasLtMatmul, plus one
  * cublasLtMatrixTransform when an accumulated bias gradient must be added from its scratch.
  *
  * Column-major mapping (row-major (R, C) = column-major (C, R), ld = C):
@@ -548,9 +549,8 @@ static int same_key_(const struct ng_matmul_choice *a, const struct ng_matmul_ch
 static const struct ng_matmul_choice *find_choice_(const struct ng_matmul_ctx *ctx,
 						   const struct ng_matmul_choice *key)
 {
-	for (int i = 0; i < ctx->n_choices; i++)
-		if (same_key_(&ctx->choices[i], key) && ctx->choices[i].chosen >= 0 &&
-		    ctx->choices[i].chosen < key->n_candidates)
+	for (int i = 0; i < ctx->n_choices; i++) /* chosen < n_candidates: checked on load */
+		if (same_key_(&ctx->choices[i], key))
 			return &ctx->choices[i];
 	return NULL;
 }

@@ -189,7 +189,7 @@ enum ng_status ng_matmul_choice_add(struct ng_matmul_ctx *ctx, const struct ng_m
  * device (one word, e.g. "NVIDIA_H200_sm_90_cublasLt_130000"). A missing file, or one made for
  * another device, loads nothing and is not an error; a file that cannot be parsed loads
  * nothing and fails with NG_ERR_INPUT naming the line (the caller may go on: the choices are
- * only a cache). *loaded: how many were read. */
+ * only a cache). All or nothing: on failure ctx is as before. *loaded: how many were read. */
 enum ng_status ng_matmul_choices_load(struct ng_matmul_ctx *ctx, const char *path,
 				      const char *device, int *loaded);
 

@@ -30,8 +30,10 @@ enum ng_status ng_matmul_choices_load(struct ng_matmul_ctx *ctx, const char *pat
 		return NG_OK; /* no file yet: nothing known */
 	char line[512], want[300];
 	snprintf(want, sizeof(want), "device %s", device);
-	int lineno = 0, n = 0;
+	int lineno = 0;
 	enum ng_status st = NG_OK;
+	struct ng_matmul_ctx got; /* the file's choices, handed to ctx only if all of it reads */
+	memset(&got, 0, sizeof(got));
 	while (fgets(line, sizeof(line), f)) {
 		lineno++;
 		line[strcspn(line, "\r\n")] = '\0';
@@ -60,22 +62,19 @@ enum ng_status ng_matmul_choices_load(struct ng_matmul_ctx *ctx, const char *pat
 		}
 		c.spec.kind = (enum ng_matmul_kind)kind;
 		c.spec.autotune = 1;
-		if ((st = ng_matmul_choice_add(ctx, &c)))
+		if ((st = ng_matmul_choice_add(&got, &c)))
 			break;
-		n++;
 	}
 	if (!st && ferror(f))
 		st = ng_fail(NG_ERR_INPUT, "autotune cache %s: read error: %s", path,
 			     strerror(errno));
 	fclose(f);
-	if (st) { /* all or nothing: drop what this file added */
-		ctx->n_choices -= n;
-		ng_hint("delete the file, or run once with --autotune-cache none: it is only a cache "
-			"and the next run with --autotune writes it again");
-		return st;
-	}
-	*loaded = n;
-	return NG_OK;
+	for (int i = 0; i < got.n_choices && !st; i++)
+		st = ng_matmul_choice_add(ctx, &got.choices[i]);
+	if (!st)
+		*loaded = got.n_choices;
+	free(got.choices);
+	return st;
 }
 
 /* mkdir -p of path's directory part. */

@@ -114,8 +114,11 @@ Test(matmul_cache, corrupt_files_load_nothing_and_name_the_line)
 		"00000000000000ff 8 1 0.5\n", /* no such kind */
 		"nanograph-autotune 1\ndevice G\nchoice 0 64 768 3072 1 1 0 0 16 33554432 0 "
 		"00000000000000ff 8 1 0.5 extra\n",
+		"nanograph-autotune 1\ndevice G\nchoice 0 64 768 3072 1 1 0 0 16 33554432 0 "
+		"00000000000000ff 8 1 0.5\nchoice 0 64 768 3072 1 1 0 0 16 33554432 0 "
+		"00000000000000ff 8 2 0.5\nchoice\n", /* a key twice, then a bad line */
 	};
-	const int line[] = {1, 4, 3, 3, 3};
+	const int line[] = {1, 4, 3, 3, 3, 5};
 	char path[256];
 	snprintf(path, sizeof(path), "%s/autotune.txt", tmpdir_());
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
