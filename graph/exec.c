@@ -235,6 +235,73 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 	return NG_OK;
 }
 
+/* choose_gelu_fwd's scratch and plans: variant 0 the FC matmul with the GELU epilogue (the
+ * pre-activation as its aux output), 1 the plain matmul (bias) and the GELU kernel. */
+struct gelu_fwd_trial {
+	const struct ng_matmul *mm[2];
+	char *out, *pre, *inp, *w, *bias, *ws;
+	size_t n_out;
+};
+
+static enum ng_status gelu_fwd_run(struct ng_exec *e, void *arg, int v)
+{
+	const struct gelu_fwd_trial *d = arg;
+	if (v == 0)
+		return ng_matmul_run(d->mm[0], d->out, d->inp, d->w, d->bias, d->pre, NULL, d->ws,
+				     e->stream);
+	enum ng_status st = ng_matmul_run(d->mm[1], d->pre, d->inp, d->w, d->bias, NULL, NULL,
+					  d->ws, e->stream);
+	if (!st)
+		st = ng_gelu_fwd((ng_bf16 *)d->out, (const ng_bf16 *)d->pre, d->n_out, e->stream);
+	return st;
+}
+
+/* --gelu-fusion auto, forward: the FC matmul with the GELU epilogue, or the plain matmul and the
+ * GELU kernel, timed like choose_dgelu (in bf16, also under --fp8). The epilogue writes two
+ * outputs where the plain matmul writes one, and the kernel reads and writes one more: on the
+ * H200 the two were within ~1% of a step (BENCHMARKS.md session 19). */
+static enum ng_status choose_gelu_fwd(struct ng_exec *e, int *fuse)
+{
+	const struct ng_gpt_config *m = &e->cfg.model;
+	struct ng_matmul_spec s = { .kind = NG_MATMUL_FWD, .N = e->cfg.B * e->cfg.T, .IC = m->C,
+				    .OC = 4 * m->C, .bias = 1, .autotune = e->cfg.autotune };
+	int plan[2] = { 0, 0 };
+	s.gelu = 1;
+	enum ng_status st = plan_spec(e, s, &plan[0]);
+	s.gelu = 0;
+	if (!st)
+		st = plan_spec(e, s, &plan[1]);
+	if (st)
+		return st;
+	size_t n_in = (size_t)s.N * s.IC, n_out = (size_t)s.N * s.OC, n_w = (size_t)s.OC * s.IC;
+	size_t ws = e->plans[plan[0]].mm.workspace_need;
+	if (e->plans[plan[1]].mm.workspace_need > ws)
+		ws = e->plans[plan[1]].mm.workspace_need;
+	size_t at[6], bytes = 0; /* out, pre-activation, inp, W, bias, workspace */
+	size_t sizes[6] = { n_out * 2, n_out * 2, n_in * 2, n_w * 2, (size_t)s.OC * 2, ws };
+	for (int i = 0; i < 6; i++) {
+		at[i] = bytes;
+		bytes += ALIGN_UP(sizes[i], 256);
+	}
+	char *buf = NULL;
+	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
+		(void)cudaGetLastError(); /* no room to time it: keep the bits as given */
+		e->gelu_fwd_ms[0] = e->gelu_fwd_ms[1] = -1.0f;
+		return NG_OK;
+	}
+	struct gelu_fwd_trial d = { { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm },
+				    buf + at[0], buf + at[1], buf + at[2], buf + at[3], buf + at[4],
+				    ws ? buf + at[5] : NULL, n_out };
+	st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream)); /* bf16 0x3c3c = 0.0115 */
+	if (!st)
+		st = time_pair(e, gelu_fwd_run, &d, e->gelu_fwd_ms);
+	cudaFree(buf);
+	if (st)
+		return st;
+	*fuse = e->gelu_fwd_ms[0] <= e->gelu_fwd_ms[1];
+	return NG_OK;
+}
+
 /* The NG_FP8_* bit of e->fp8_ms's row k: forward kinds 0-4, then the dinp of kinds 0-3. */
 static int fp8_kind_bit(int k)
 {
@@ -359,17 +426,18 @@ static enum ng_status choose_fp8(struct ng_exec *e, int fuse_fwd, int fuse_bwd, 
 
 /* Data parallelism: every rank timed the choices on its own GPU and may have come out
  * differently (a toss-up like attproj at d24), which would mix precisions in the averaged
- * gradient and make runs unrepeatable. The ranks vote: fused DGELU and each fp8 kind are kept
- * only where every rank chose them (a sum of 0/1 votes over NCCL, at init, outside the step). */
+ * gradient and make runs unrepeatable. The ranks vote: the fused GELU, the fused DGELU and each
+ * fp8 kind are kept only where every rank chose them (a sum of 0/1 votes over NCCL, at init, outside the step). */
 static enum ng_status agree_choices(struct ng_exec *e, int *fuse, int *mask)
 {
 	if (!e->cfg.comm || e->cfg.world < 2)
 		return NG_OK;
-	enum { NV = 1 + NG_EXEC_FP8_KINDS };
+	enum { NV = 2 + NG_EXEC_FP8_KINDS };
 	float v[NV], *d = NULL;
-	v[0] = *fuse ? 1.0f : 0.0f;
+	v[0] = *fuse & NG_GELU_FUSE_FWD ? 1.0f : 0.0f;
+	v[1] = *fuse & NG_GELU_FUSE_BWD ? 1.0f : 0.0f;
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
-		v[1 + k] = *mask & fp8_kind_bit(k) ? 1.0f : 0.0f;
+		v[2 + k] = *mask & fp8_kind_bit(k) ? 1.0f : 0.0f;
 	enum ng_status st = NG_CUDA_CHECK(cudaMalloc((void **)&d, sizeof(v)));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, e->stream));
@@ -384,9 +452,9 @@ static enum ng_status agree_choices(struct ng_exec *e, int *fuse, int *mask)
 	if (st)
 		return st;
 	float all = (float)e->cfg.world - 0.5f; /* sums of 0/1 are exact */
-	*fuse = v[0] > all;
+	*fuse = (v[0] > all ? NG_GELU_FUSE_FWD : 0) | (v[1] > all ? NG_GELU_FUSE_BWD : 0);
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
-		if (!(v[1 + k] > all))
+		if (!(v[2 + k] > all))
 			*mask &= ~fp8_kind_bit(k);
 	return NG_OK;
 }
@@ -1105,10 +1173,15 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	if (!st)
 		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
 	struct ng_step_options built = opt;
+	e->gelu_fwd_ms[0] = e->gelu_fwd_ms[1] = -1.0f;
 	if (!st && (opt.fuse_gelu & NG_GELU_FUSE_AUTO)) {
-		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
-		st = choose_dgelu(e, &fuse);
-		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
+		int fwd = (opt.fuse_gelu & NG_GELU_FUSE_FWD) != 0;
+		int bwd = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
+		st = choose_gelu_fwd(e, &fwd);
+		if (!st)
+			st = choose_dgelu(e, &bwd);
+		opt.fuse_gelu = NG_GELU_FUSE_AUTO | (fwd ? NG_GELU_FUSE_FWD : 0) |
+				(bwd ? NG_GELU_FUSE_BWD : 0);
 	}
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 		e->fp8_ms[k][0] = e->fp8_ms[k][1] = -1.0f;
@@ -1121,9 +1194,10 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	}
 	if (!st && !opt.deterministic &&
 	    ((opt.fuse_gelu & NG_GELU_FUSE_AUTO) || (opt.fp8 & NG_FP8_AUTO))) {
-		int fuse = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0, mask = opt.fp8 & NG_FP8_EVERY;
+		int fuse = opt.fuse_gelu & (NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD);
+		int mask = opt.fp8 & NG_FP8_EVERY;
 		st = agree_choices(e, &fuse, &mask);
-		opt.fuse_gelu = (opt.fuse_gelu & ~NG_GELU_FUSE_BWD) | (fuse ? NG_GELU_FUSE_BWD : 0);
+		opt.fuse_gelu = (opt.fuse_gelu & NG_GELU_FUSE_AUTO) | fuse;
 		opt.fp8 = (opt.fp8 & ~NG_FP8_EVERY) | mask;
 	}
 	if (!st && (opt.fuse_gelu != built.fuse_gelu || opt.fp8 != built.fp8)) {

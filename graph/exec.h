@@ -87,6 +87,8 @@ struct ng_exec {
 	                                * fp8, ms (-1: not timed) */
 	float dgelu_ms[2];             /* gelu-fusion auto: FC-proj backward fused / plain+kernel
 	                                * (-1: not timed, no device memory to spare) */
+	float gelu_fwd_ms[2];          /* gelu-fusion auto: FC forward fused / plain+kernel (-1:
+	                                * not timed) */
 	int *train_plan;               /* per train op: index into plans, or -1 */
 	int *eval_plan;                /* per eval op */
 	uint16_t *h_tokens;            /* pinned (K, B, T+1): the next step's tokens */

@@ -40,7 +40,7 @@ enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
 		}
 	ng_fail(NG_ERR_INPUT, "--gelu-fusion '%s': not auto | fwd,bwd | fwd | bwd | none", what);
 	ng_hint("fwd: GELU as the FC matmul's epilogue; bwd: DGELU as the FC-proj backward's; "
-		"auto: fwd, and bwd when it times faster on the device");
+		"auto: each of the two where it times faster on the device");
 	return NG_ERR_INPUT;
 }
 

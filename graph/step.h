@@ -195,8 +195,9 @@ struct ng_step_options {
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };
 
-/* AUTO: the executor times the FC-proj backward both ways on the device at plan time and sets
- * or clears BWD (until then, with --deterministic, and wherever nothing is timed, BWD as given). */
+/* AUTO: the executor times the FC forward and the FC-proj backward both ways on the device at
+ * plan time and sets or clears FWD and BWD (until then, with --deterministic, and wherever
+ * nothing is timed, the bits as given). */
 enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUTO = 4 };
 
 /* "auto" | "fwd,bwd" | "fwd" | "bwd" | "none" -> NG_GELU_FUSE_* bits ("auto": FWD | BWD | AUTO);
@@ -208,7 +209,7 @@ enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step
 /* The bits back as text ("fwd,bwd" ..., "auto: fwd" once the device chose). */
 const char *ng_step_gelu_fusion_name(int mask);
 
-/* Defaults: no recompute, whole-batch classifier, GELU fused forward and "auto" backward, not
+/* Defaults: no recompute, whole-batch classifier, GELU fusion "auto" (fused until timed), not
  * deterministic, 256 B. */
 void ng_step_default_options(struct ng_step_options *opt);
 

@@ -210,13 +210,20 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		if (e->tune_warning[0])
 			fprintf(log, "warning: %s (the choices were timed again)\n", e->tune_warning);
 	}
-	if ((g->fuse_gelu & NG_GELU_FUSE_AUTO) && e->dgelu_ms[0] < 0)
-		fprintf(log, "gelu fusion: %s (not timed: no device memory to spare)\n",
+	if (g->fuse_gelu & NG_GELU_FUSE_AUTO) {
+		const float *ms[2] = { e->gelu_fwd_ms, e->dgelu_ms };
+		static const char *what[2] = { "FC forward", "FC-proj backward" };
+		fprintf(log, "gelu fusion: %s (epilogue against matmul + GELU kernel:",
 			ng_step_gelu_fusion_name(g->fuse_gelu));
-	else if (g->fuse_gelu & NG_GELU_FUSE_AUTO)
-		fprintf(log, "gelu fusion: %s (FC-proj backward timed: DGELU epilogue %.3f ms, "
-			"matmul + GELU kernel %.3f ms)\n", ng_step_gelu_fusion_name(g->fuse_gelu),
-			e->dgelu_ms[0], e->dgelu_ms[1]);
+		for (int i = 0; i < 2; i++)
+			if (ms[i][0] < 0)
+				fprintf(log, "%s %s not timed, no device memory to spare", i ? ";" : "",
+					what[i]);
+			else
+				fprintf(log, "%s %s %.3f / %.3f ms", i ? ";" : "", what[i], ms[i][0],
+					ms[i][1]);
+		fprintf(log, ")\n");
+	}
 	if (c.step.fp8) {
 		static const char *kind[NG_EXEC_FP8_KINDS] = { "qkv",	  "attproj",	  "fc",
 							       "fcproj",  "head",	  "dqkv",
