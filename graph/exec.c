@@ -486,6 +486,8 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 		return ng_attention_bwd_workspace(&e->att);
 	case NG_OP_LAYERNORM_BWD:
 		return ng_layernorm_bwd_scratch_bytes(N, m->C);
+	case NG_OP_GELU_BWD:
+		return op->param[0] >= 0 ? ng_bias_grad_scratch_bytes(op->row_count, 4 * m->C) : 0;
 	case NG_OP_ENCODER_BWD:
 		return ng_encoder_bwd_work_bytes(g->B, g->T, m->C);
 	case NG_OP_GRAD_NORM:
@@ -843,6 +845,13 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 				     scratch, s);
 	}
 	case NG_OP_GELU_BWD:
+		if (op->param[0] >= 0) /* with the fc bias gradient (and the recomputed GELU) */
+			return ng_gelu_bwd_bias(ng_exec_tensor_(e, g, op->out[0]),
+						op->n_out > 2 ? ng_exec_tensor_(e, g, op->out[2]) : NULL,
+						pp(e, g, op->out[1], op->param[0], op->layer),
+						!op->overwrite, ng_exec_tensor_(e, g, op->in[0]),
+						ng_exec_tensor_(e, g, op->in[1]), op->row_count,
+						4 * m->C, scratch, s);
 		return ng_gelu_bwd(ng_exec_tensor_(e, g, op->out[0]), ng_exec_tensor_(e, g, op->in[0]), ng_exec_tensor_(e, g, op->in[1]),
 				   g->tensors[op->in[0]].bytes / 2, s);
 	case NG_OP_ATTENTION_BWD:

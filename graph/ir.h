@@ -63,7 +63,11 @@
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.
- *   GELU_BWD          in: pre (N, 4C) bf16, dout (N, 4C) bf16. out: dpre (N, 4C) bf16. attr layer.
+ *   GELU_BWD          in: pre (N, 4C) bf16, dout (N, 4C) bf16. out: dpre (N, 4C) bf16
+ *                     [, grads, post (N, 4C) bf16]. attr layer. param[0] = FC bias (>= 0, with
+ *                     grads): also the fc bias gradient, the column sums of dpre ("=" when
+ *                     overwrite, else "+="); with post also GELU(pre) (--recompute gelu).
+ *                     row_count = N. dpre may be the dout tensor itself (in place).
  *   ATTENTION_BWD     in: dy (B, T, C), qkv (B, T, 3C), y (B, T, C), lse (B, H, T).
  *                     out: dqkv (B, T, 3C) bf16. attr layer.
  *   LAYERNORM_BWD     in: dln (N, C) bf16, x (the LN input, N, C) bf16, params_bf16, mean, rstd.
@@ -202,7 +206,7 @@ struct ng_op {
 	int no_grad;               /* CROSSENTROPY in eval: losses only, no dlogits */
 	int overwrite;             /* MATMUL_DW: the step's first writer of its gradient: "=" (beta
 	                            * 0) instead of "+="; ZERO with param[0] >= 0: that parameter's
-	                            * gradient range only */
+	                            * gradient range only; GELU_BWD with the fc bias: "=" too */
 	int fp8;                   /* MATMUL_FWD / DINP: fp8 operands (see the kind's comment) */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };

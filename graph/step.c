@@ -98,6 +98,7 @@ void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,
 	ws->encoder_sorted = N * 24 + 1 * MIB;
 	ws->grad_norm = 1 * MIB;
 	ws->crossentropy = 0; /* the fused softmax-cross-entropy writes dlogits in place */
+	ws->gelu_bwd = (N + 255) / 256 * 4 * C * sizeof(float); /* the fc bias partials */
 }
 
 /* The builder's state while it emits one graph. */
@@ -427,14 +428,24 @@ static int ln_for_bwd(struct bld *b, enum ng_op_which w, int l, int x, int store
 }
 
 /* A full-rows matmul backward pair: dW (+= grads) then dinp. aux >= 0 fuses DGELU. */
-static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int dinp,
-		       int aux)
+/* The weight gradient of a full-rows linear layer, and its bias gradient unless bias is 0 (the
+ * FC layer's when GELU_BWD sums it). */
+static void matmul_dw(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int bias)
 {
 	struct ng_graph *g = b->g;
 	struct ng_op op = mk(NG_OP_MATMUL_DW, w, l, IN(dout, inp), OUT(g->t_grads));
 	op.row_count = (int)b->N;
-	emit_p(b, op, b->ws.matmul);
-	op = aux >= 0 ? mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16, aux), OUT(dinp))
+	which_params(w, op.param);
+	if (!bias)
+		op.param[1] = -1;
+	emit(b, &op, b->ws.matmul);
+}
+
+/* The input gradient of a full-rows linear layer (through the DGELU epilogue when aux >= 0). */
+static void matmul_dinp(struct bld *b, enum ng_op_which w, int l, int dout, int dinp, int aux)
+{
+	struct ng_graph *g = b->g;
+	struct ng_op op = aux >= 0 ? mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16, aux), OUT(dinp))
 		      : mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16), OUT(dinp));
 	op.gelu = aux >= 0;
 	op.row_count = (int)b->N;
@@ -449,6 +460,13 @@ static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int i
 		     (g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, w) : 0);
 	}
 	emit_p(b, op, b->ws.matmul + d8);
+}
+
+static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int dinp,
+		       int aux)
+{
+	matmul_dw(b, w, l, dout, inp, 1);
+	matmul_dinp(b, w, l, dout, dinp, aux);
 }
 
 static void layernorm_bwd(struct bld *b, enum ng_op_which w, int l, int dln, int x, int mean,
@@ -475,25 +493,40 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 	for (int l = g->cfg.L - 1; l >= 0; l--) {
 		const struct layer_acts *a = &f->la[l];
 		/* MLP: fcproj, GELU, fc */
+		const int fused_bwd = (g->fuse_gelu & NG_GELU_FUSE_BWD) != 0;
 		int gelu_out = a->fch_gelu;
 		if (g->recompute_gelu) {
 			gelu_out = lact(b, l, "fch_gelu.re", NG_DTYPE_BF16, 3, B, T, 4 * C);
-			op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch), OUT(gelu_out));
-			op.recompute = 1;
-			emit(b, &op, 0);
+			if (fused_bwd) { /* unfused, GELU_BWD recomputes it below */
+				op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch),
+					OUT(gelu_out));
+				op.recompute = 1;
+				emit(b, &op, 0);
+			}
 		}
 		int dfch = lact(b, l, "dfch", NG_DTYPE_BF16, 3, B, T, 4 * C);
-		if (g->fuse_gelu & NG_GELU_FUSE_BWD) {
+		if (fused_bwd) {
 			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dfch, a->fch);
 		} else {
-			int dgelu = lact(b, l, "dfch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);
-			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dgelu, -1);
-			op = mk(NG_OP_GELU_BWD, NG_OP_WHICH_NONE, l, IN(a->fch, dgelu), OUT(dfch));
-			emit(b, &op, 0);
+			/* the input gradient first, into dfch; GELU_BWD then turns it into the
+			 * gradient of fch in place, sums the fc bias gradient from it, and with
+			 * --recompute gelu writes the activation that the fcproj weight gradient
+			 * reads next: one pass over fch */
+			matmul_dinp(b, NG_OP_WHICH_FCPROJ, l, dresid, dfch, -1);
+			op = g->recompute_gelu
+				     ? mk(NG_OP_GELU_BWD, NG_OP_WHICH_NONE, l, IN(a->fch, dfch),
+					  OUT(dfch, g->t_grads, gelu_out))
+				     : mk(NG_OP_GELU_BWD, NG_OP_WHICH_NONE, l, IN(a->fch, dfch),
+					  OUT(dfch, g->t_grads));
+			op.param[0] = NG_P_FCB;
+			op.row_count = (int)b->N;
+			emit(b, &op, b->ws.gelu_bwd);
+			matmul_dw(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, 1);
 		}
 		int ln2 = ln_for_bwd(b, NG_OP_WHICH_LN2, l, a->resid1, a->ln2, a->mean2, a->rstd2);
 		int dln2 = lact(b, l, "dln2", NG_DTYPE_BF16, 3, B, T, C);
-		matmul_bwd(b, NG_OP_WHICH_FC, l, dfch, ln2, dln2, -1);
+		matmul_dw(b, NG_OP_WHICH_FC, l, dfch, ln2, fused_bwd);
+		matmul_dinp(b, NG_OP_WHICH_FC, l, dfch, dln2, -1);
 		layernorm_bwd(b, NG_OP_WHICH_LN2, l, dln2, a->resid1, a->mean2, a->rstd2, dresid);
 		/* attention: proj, SDPA, qkv */
 		int datty = lact(b, l, "datty", NG_DTYPE_BF16, 3, B, T, C);
@@ -518,12 +551,13 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 
 /* The first dW matmul of each (linear layer, layer index) in the step overwrites its gradient:
  * micro-batch 0, classifier chunk 0. The tied head's dW comes before the embedding backward that
- * adds into the same wte gradient. */
+ * adds into the same wte gradient. A GELU_BWD that sums the fc bias gradient is its only writer,
+ * so it overwrites in micro-batch 0 too. */
 static void mark_first_writers(struct ng_graph *g)
 {
 	for (int i = 0; i < g->n_ops; i++) {
 		struct ng_op *op = &g->ops[i];
-		if (op->kind == NG_OP_MATMUL_DW)
+		if (op->kind == NG_OP_MATMUL_DW || (op->kind == NG_OP_GELU_BWD && op->param[0] >= 0))
 			op->overwrite = op->micro <= 0 && op->chunk <= 0;
 	}
 }

@@ -178,6 +178,7 @@ struct ng_step_workspace {
 	size_t encoder_sorted;/* the sorted tokens and cub's storage: N*24 + 1 MiB */
 	size_t grad_norm;     /* per-block partial sums (1 MiB) */
 	size_t crossentropy;  /* per-row partials (rows*8 + 1 MiB) */
+	size_t gelu_bwd;      /* the fc bias gradient's partials: 4C floats a 256-row chunk */
 };
 
 struct ng_step_options {

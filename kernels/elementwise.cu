@@ -6,7 +6,8 @@
  * sigmoids so that small outputs and gradients keep their relative precision.
  * Bias gradient, bias_grad_row_chunks: blocks of 32 x 8 threads cover 256 columns x one chunk of
  * BG_ROWS rows; per-chunk sums go to scratch in a fixed order and bias_grad_reduce_chunks adds
- * them to dbias in chunk order (deterministic, no atomics).
+ * them to dbias in chunk order (deterministic, no atomics). The GELU backward with the bias
+ * gradient (and the recomputed GELU) uses the same blocks and reduce.
  */
 #include "kernels/common.cuh"
 
@@ -69,20 +70,11 @@ static __global__ void gelu_bwd_vec8(__nv_bfloat16 *dinp, const __nv_bfloat16 *i
 	}
 }
 
-static __global__ void bias_grad_row_chunks(float *part, const __nv_bfloat16 *dout, int N, int OC)
+/* The end of a row-chunk block (32 x 8 threads, 256 columns): the 8 row groups' sums of each
+ * column added in a fixed order and written as this chunk's partial row (part[blockIdx.y]). */
+static __device__ __forceinline__ void column_partials(const float acc[8], float *part, int OC)
 {
 	__shared__ float sh[8][256 + 1];
-	int col = blockIdx.x * 256 + threadIdx.x * 8;
-	int r0 = blockIdx.y * BG_ROWS, r1 = min(r0 + BG_ROWS, N);
-	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-	if (col < OC)
-		for (int r = r0 + threadIdx.y; r < r1; r += 8) {
-			float d[8];
-			ng_unpack8_(d, ng_load8_stream_(dout + (size_t)r * OC + col));
-#pragma unroll
-			for (int k = 0; k < 8; k++)
-				acc[k] += d[k];
-		}
 #pragma unroll
 	for (int k = 0; k < 8; k++)
 		sh[threadIdx.y][threadIdx.x * 8 + k] = acc[k];
@@ -96,8 +88,24 @@ static __global__ void bias_grad_row_chunks(float *part, const __nv_bfloat16 *do
 	}
 }
 
+static __global__ void bias_grad_row_chunks(float *part, const __nv_bfloat16 *dout, int N, int OC)
+{
+	int col = blockIdx.x * 256 + threadIdx.x * 8;
+	int r0 = blockIdx.y * BG_ROWS, r1 = min(r0 + BG_ROWS, N);
+	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	if (col < OC)
+		for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+			float d[8];
+			ng_unpack8_(d, ng_load8_stream_(dout + (size_t)r * OC + col));
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				acc[k] += d[k];
+		}
+	column_partials(acc, part, OC);
+}
+
 static __global__ void bias_grad_reduce_chunks(float *dbias, const float *part, int nchunks,
-					       int OC)
+					       int OC, int accumulate)
 {
 	int c = blockIdx.x * blockDim.x + threadIdx.x;
 	if (c >= OC)
@@ -105,7 +113,42 @@ static __global__ void bias_grad_reduce_chunks(float *dbias, const float *part, 
 	float s = 0.0f;
 	for (int k = 0; k < nchunks; k++)
 		s += part[(size_t)k * OC + c];
-	dbias[c] += s;
+	dbias[c] = accumulate ? dbias[c] + s : s;
+}
+
+/* ng_gelu_bwd_bias, pass 1: the blocks of bias_grad_row_chunks (32 x 8 threads, 256 columns x
+ * BG_ROWS rows); each thread computes its 8 columns of a row, stores them, and adds the stored
+ * (bf16) gradient to its column sums. */
+static __global__ void gelu_bwd_bias_row_chunks(__nv_bfloat16 *dinp, __nv_bfloat16 *gelu_out,
+						float *part, const __nv_bfloat16 *inp,
+						const __nv_bfloat16 *dout, int N, int OC)
+{
+	int col = blockIdx.x * 256 + threadIdx.x * 8;
+	int r0 = blockIdx.y * BG_ROWS, r1 = min(r0 + BG_ROWS, N);
+	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	if (col < OC)
+		for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+			size_t at = (size_t)r * OC + col;
+			float x[8], d[8];
+			ng_unpack8_(x, ng_load8_stream_(inp + at));
+			ng_unpack8_(d, ng_load8_stream_(dout + at));
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				d[k] *= gelu_grad_f(x[k]);
+			struct ng_bf16x8 packed = ng_pack8_(d);
+			ng_store8_(dinp + at, packed);
+			ng_unpack8_(d, packed); /* the sums are of what was stored */
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				acc[k] += d[k];
+			if (gelu_out) {
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					x[k] = gelu_f(x[k]);
+				ng_store8_(gelu_out + at, ng_pack8_(x));
+			}
+		}
+	column_partials(acc, part, OC);
 }
 
 static __global__ void cast_f32_to_bf16_vec8(__nv_bfloat16 *out, const float *in, size_t n)
@@ -209,7 +252,32 @@ extern "C" enum ng_status ng_bias_grad(float *dbias, const ng_bf16 *dout, int N,
 	if (st)
 		return st;
 	bias_grad_reduce_chunks<<<(OC + 255) / 256, 256, 0, s>>>(dbias, (const float *)scratch,
-								 nchunks, OC);
+								 nchunks, OC, 1);
+	return NG_LAUNCH_CHECK("bias_grad_reduce_chunks");
+}
+
+extern "C" enum ng_status ng_gelu_bwd_bias(ng_bf16 *dinp, ng_bf16 *gelu_out, float *dbias,
+					   int accumulate, const ng_bf16 *inp, const ng_bf16 *dout,
+					   int N, int OC, void *scratch, cudaStream_t s)
+{
+	const char *who = "ng_gelu_bwd_bias";
+	if (N <= 0 || OC <= 0 || OC % 8 != 0)
+		return ng_check_arg_fail(who, "need N > 0, OC > 0, OC %% 8 == 0, got N=%d OC=%d", N,
+					 OC);
+	if (!ng_aligned16_(dinp) || !ng_aligned16_(inp) || !ng_aligned16_(dout) ||
+	    !ng_aligned16_(scratch) || (gelu_out && !ng_aligned16_(gelu_out)))
+		return ng_check_arg_fail(who, "dinp, gelu_out, inp, dout and scratch must be 16-byte "
+					 "aligned");
+	int nchunks = (N + BG_ROWS - 1) / BG_ROWS;
+	dim3 grid((unsigned)((OC + 255) / 256), (unsigned)nchunks);
+	gelu_bwd_bias_row_chunks<<<grid, dim3(32, 8), 0, s>>>(
+		(__nv_bfloat16 *)dinp, (__nv_bfloat16 *)gelu_out, (float *)scratch,
+		(const __nv_bfloat16 *)inp, (const __nv_bfloat16 *)dout, N, OC);
+	enum ng_status st = NG_LAUNCH_CHECK("gelu_bwd_bias_row_chunks");
+	if (st)
+		return st;
+	bias_grad_reduce_chunks<<<(OC + 255) / 256, 256, 0, s>>>(dbias, (const float *)scratch,
+								 nchunks, OC, accumulate);
 	return NG_LAUNCH_CHECK("bias_grad_reduce_chunks");
 }
 

@@ -30,6 +30,23 @@ enum ng_status ng_gelu_bwd(ng_bf16 *dinp,       /* (n) bf16, = */
 			   const ng_bf16 *dout, /* (n) bf16 */
 			   size_t n, cudaStream_t s);
 
+/* The GELU backward with what the step does around it, in one pass over the rows (the FC layer
+ * of the step when the DGELU epilogue is not fused):
+ *   dinp (N, OC) bf16 = gelu'(inp) * dout, as ng_gelu_bwd; dinp may alias dout;
+ *   gelu_out (N, OC) bf16 = gelu(inp), as ng_gelu_fwd, unless gelu_out is NULL (--recompute
+ *     gelu: the activation the FC-proj weight gradient reads, recomputed from the same inp);
+ *   dbias (OC) fp32 = (accumulate: dbias +) the column sums of dinp as stored (bf16), summed in
+ *     fp32 over fixed row chunks in scratch and then in chunk order (deterministic, no
+ *     atomics); ng_bias_grad_scratch_bytes(N, OC) bytes, 16-byte aligned.
+ * OC % 8 == 0; bf16 pointers 16-byte aligned. */
+enum ng_status ng_gelu_bwd_bias(ng_bf16 *dinp,       /* (N, OC) bf16, = */
+				ng_bf16 *gelu_out,   /* (N, OC) bf16, =; or NULL */
+				float *dbias,        /* (OC) fp32, = or += */
+				int accumulate,
+				const ng_bf16 *inp,  /* (N, OC) bf16, the pre-activation */
+				const ng_bf16 *dout, /* (N, OC) bf16 */
+				int N, int OC, void *scratch, cudaStream_t s);
+
 /* dbias += sum over rows of dout. Deterministic (fixed-order partials in scratch, 16-byte
  * aligned, ng_bias_grad_scratch_bytes(N, OC) bytes). OC % 8 == 0. */
 enum ng_status ng_bias_grad(float *dbias,        /* (OC) fp32, += */

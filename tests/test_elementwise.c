@@ -4,6 +4,8 @@
  * GELU: bf16 vs the rounded reference, 2 ulp (n odd, so the scalar tail runs; the backward
  * also in place, dinp == dout). Bias gradient: the FlashAttention rule against a naive fp32 row
  * loop, "+=" onto nonzero values, identical bytes over two runs; N = 1 and OC = 776, 2304, 50304.
+ * GELU backward with the bias gradient (and the recomputed GELU): as both, and as the bias
+ * gradient against the stored-bf16-then-fp32-sum baseline.
  * Casts: exactly round-to-nearest-even / exact widening. Token split: exact, T = 1 and T = 1024.
  */
 #include <criterion/criterion.h>
@@ -73,6 +75,82 @@ static void bias_grad_case(int N, int OC)
 	cudaFree(d_dout), cudaFree(d_scr), cudaFree(d_b);
 	free(dout), free(dout_d), free(b0), free(nv), free(got[0]), free(got[1]), free(ref), free(g);
 	free(nvd);
+}
+
+/* ng_gelu_bwd_bias: dinp and gelu_out as the two GELU kernels (2 ulp of the rounded double
+ * reference); dbias against the double sum of the unrounded gradient by the FlashAttention rule,
+ * the naive fp32 baseline being what the step did before: the bf16 gradient stored, then summed
+ * row by row in fp32 onto the old value. "=" onto garbage and "+=" onto nonzero values; in place
+ * (dinp == dout) or not; identical bytes over two runs. */
+static void gelu_bwd_bias_case(int N, int OC, int with_gelu, int accumulate, int in_place)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t n = (size_t)N * OC;
+	ng_bf16 *x = kt_xmalloc(n * 2), *d = kt_xmalloc(n * 2), *got = kt_xmalloc(n * 2);
+	double *x_d = kt_xmalloc(n * 8), *d_d = kt_xmalloc(n * 8), *ref = kt_xmalloc(n * 8);
+	kt_fill_bf16(&r, x, x_d, n, 0.0, 3.0);
+	kt_fill_bf16(&r, d, d_d, n, 0.0, 1.0);
+	float *b0 = kt_xmalloc(OC * 4), *nv = kt_xmalloc(OC * 4), *bias_got[2];
+	double *bias_ref = kt_xmalloc(OC * 8);
+	for (int c = 0; c < OC; c++) {
+		b0[c] = (float)ng_rng_normal(&r);
+		nv[c] = accumulate ? b0[c] : 0.0f;
+		bias_ref[c] = nv[c];
+	}
+	ng_ref_gelu_bwd(ref, x_d, d_d, n);
+	for (int i = 0; i < N; i++)
+		for (int c = 0; c < OC; c++) {
+			double v = ref[(size_t)i * OC + c];
+			bias_ref[c] += v;
+			nv[c] += (float)kt_round_bf16(v);
+		}
+	size_t sb = ng_bias_grad_scratch_bytes(N, OC);
+	void *dx = kt_upload(x, n * 2), *dd = kt_upload(NULL, n * 2), *dy = kt_upload(NULL, n * 2);
+	void *dg = with_gelu ? kt_upload(NULL, n * 2) : NULL, *d_scr = kt_upload(NULL, sb);
+	float *d_b = kt_upload(NULL, OC * 4);
+	char what[128];
+	snprintf(what, sizeof(what), "gelu_bwd_bias N=%d OC=%d gelu=%d accumulate=%d in_place=%d",
+		 N, OC, with_gelu, accumulate, in_place);
+	for (int run = 0; run < 2; run++) {
+		kt_cuda(cudaMemcpy(dd, d, n * 2, cudaMemcpyHostToDevice), "H2D");
+		kt_cuda(cudaMemcpy(d_b, b0, OC * 4, cudaMemcpyHostToDevice), "H2D");
+		kt_ok(ng_gelu_bwd_bias(in_place ? dd : dy, dg, d_b, accumulate, dx, dd, N, OC, d_scr,
+				       0), "ng_gelu_bwd_bias");
+		bias_got[run] = kt_xmalloc(OC * 4);
+		kt_download(bias_got[run], d_b, OC * 4);
+	}
+	kt_download(got, in_place ? dd : dy, n * 2);
+	check_bf16_(what, seed, got, ref, n, 2.0, 1e-6);
+	if (with_gelu) {
+		ng_ref_gelu_fwd(ref, x_d, n);
+		kt_download(got, dg, n * 2);
+		check_bf16_(what, seed, got, ref, n, 2.0, 1e-6);
+	}
+	double *g = kt_f2d(bias_got[0], OC), *nvd = kt_f2d(nv, OC);
+	check_fa_(what, seed, g, nvd, bias_ref, OC, 1e-5);
+	cr_expect(memcmp(bias_got[0], bias_got[1], OC * 4) == 0,
+		  "%s: two runs differ (not deterministic); seed %llu", what,
+		  (unsigned long long)seed);
+	cudaFree(dx), cudaFree(dd), cudaFree(dy), cudaFree(dg), cudaFree(d_scr), cudaFree(d_b);
+	free(x), free(d), free(got), free(x_d), free(d_d), free(ref), free(b0), free(nv);
+	free(bias_got[0]), free(bias_got[1]), free(bias_ref), free(g), free(nvd);
+}
+
+Test(elementwise, gelu_bwd_bias)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	gelu_bwd_bias_case(1, 776, 1, 0, 0);
+	gelu_bwd_bias_case(1000, 3104, 1, 1, 0);
+	gelu_bwd_bias_case(1000, 3104, 0, 0, 1);
+	gelu_bwd_bias_case(4099, 4096, 1, 0, 1);
+	gelu_bwd_bias_case(37, 4104, 0, 1, 0);
+	/* argument checks: one error, nothing launched */
+	ng_clear_error();
+	cr_expect_eq(ng_gelu_bwd_bias(NULL, NULL, NULL, 0, NULL, NULL, 4, 12, NULL, 0),
+		     NG_ERR_INPUT);
 }
 
 Test(elementwise, gelu)

@@ -120,9 +120,10 @@ static void check_gradient_writes(const struct ng_graph *g, const char *what)
 	bool *ready = calloc((size_t)NG_P_COUNT * (size_t)L, sizeof(bool));
 	for (int k = 0; k < g->n_ops; k++) {
 		const struct ng_op *op = &g->ops[k];
+		bool sums = op->kind == NG_OP_GELU_BWD && op->param[0] >= 0; /* the fc bias */
 		bool writes = op->kind == NG_OP_ZERO ? op->param[0] >= 0
 			      : op->kind == NG_OP_MATMUL_DW || op->kind == NG_OP_LAYERNORM_BWD ||
-					op->kind == NG_OP_ENCODER_BWD;
+					op->kind == NG_OP_ENCODER_BWD || sums;
 		if (!writes)
 			continue;
 		for (int j = 0; j < 2; j++) {
@@ -134,14 +135,15 @@ static void check_gradient_writes(const struct ng_graph *g, const char *what)
 			int hi = per_layer && op->layer >= 0 ? op->layer + 1 : (per_layer ? L : 1);
 			for (int l = lo; l < hi; l++) {
 				bool *r = &ready[p * L + l];
-				if (op->kind == NG_OP_ZERO || (op->kind == NG_OP_MATMUL_DW && op->overwrite))
+				if (op->kind == NG_OP_ZERO ||
+				    ((op->kind == NG_OP_MATMUL_DW || sums) && op->overwrite))
 					*r = true;
 				else
 					cr_assert(*r, "seed %llu %s: %s adds into the %s gradient (layer %d) "
 						  "before anything defined it", (unsigned long long)seed_,
 						  what, op->name, g->lay.p[p].name, l);
 			}
-			if (op->kind == NG_OP_MATMUL_DW)
+			if (op->kind == NG_OP_MATMUL_DW || sums)
 				cr_assert_eq(op->overwrite, op->micro <= 0 && op->chunk <= 0,
 					     "seed %llu %s: %s", (unsigned long long)seed_, what,
 					     op->name);
@@ -197,11 +199,24 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_FWD),
 			     K * (1 + (o.recompute_layernorm ? 2 * L : 0)));
 		cr_assert_eq(count_kind(&g, NG_OP_RESIDUAL_LAYERNORM_FWD), K * 2 * L);
+		/* unfused DGELU: GELU_BWD recomputes the activation (--recompute gelu) and sums the
+		 * fc bias gradient, which the fc dW then leaves out */
+		const int fused_bwd = (o.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
 		cr_assert_eq(count_kind(&g, NG_OP_GELU_FWD),
 			     K * L * ((o.fuse_gelu & NG_GELU_FUSE_FWD ? 0 : 1) +
-				      (o.recompute_gelu ? 1 : 0)));
-		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD),
-			     o.fuse_gelu & NG_GELU_FUSE_BWD ? 0 : K * L);
+				      (o.recompute_gelu && fused_bwd ? 1 : 0)));
+		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD), fused_bwd ? 0 : K * L);
+		for (int k = 0; k < g.n_ops; k++) {
+			const struct ng_op *op = &g.ops[k];
+			if (op->kind == NG_OP_GELU_BWD) {
+				cr_assert_eq(op->param[0], NG_P_FCB, "seed %llu %s",
+					     (unsigned long long)seed_, what);
+				cr_assert_eq(op->n_out, o.recompute_gelu ? 3 : 2);
+				cr_assert_gt(op->scratch, -1);
+			}
+			if (op->kind == NG_OP_MATMUL_DW && op->which == NG_OP_WHICH_FC)
+				cr_assert_eq(op->param[1], fused_bwd ? NG_P_FCB : -1);
+		}
 		cr_assert_eq(count_kind(&g, NG_OP_LOSS_ACCUMULATE), K);
 		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_BWD), K);
 		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_SORT), K);

@@ -83,8 +83,9 @@ static double rel_l2(const float *a, const double *ref, size_t n)
 }
 
 /* One step of the planned GPU graph against the double-precision CPU reference, GELU fused into
- * the matmuls as `fuse` says (NG_GELU_FUSE_* bits; AUTO: as timed on this device). */
-static void step_matches(int fuse, int fp8)
+ * the matmuls as `fuse` says (NG_GELU_FUSE_* bits; AUTO: as timed on this device), the GELU
+ * outputs recomputed in the backward when recompute_gelu. */
+static void step_matches(int fuse, int fp8, int recompute_gelu)
 {
 	uint64_t seed = (uint64_t)time(NULL);
 	struct ng_exec_config c;
@@ -92,6 +93,7 @@ static void step_matches(int fuse, int fp8)
 	c.step.fuse_gelu = fuse;
 	c.step.fp8 = fp8 ? NG_FP8_EVERY : 0; /* every kind, untimed */
 	c.step.recompute_fp8 = fp8 == 2;     /* 2: the matmuls cast their own weights */
+	c.step.recompute_gelu = recompute_gelu;
 	/* bounds: bf16 as the file's comment says; fp8 forward matmuls see both operands rounded
 	 * to E4M3 (unit roundoff u8 = 2^-4), a relative error of about sqrt(2/3) u8 = 0.051 per
 	 * matmul output, and the loss (near log V at init, its logits small) 2e-2. The dinp
@@ -101,9 +103,9 @@ static void step_matches(int fuse, int fp8)
 	struct ng_exec e;
 	enum ng_status st = ng_exec_init(&e, &c);
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
-	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s): planned, %s\n",
+	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s%s): planned, %s\n",
 		ng_step_gelu_fusion_name(e.train.fuse_gelu), fp8 ? ", fp8" : "",
-		ng_attention_describe(&e.att));
+		recompute_gelu ? ", --recompute gelu" : "", ng_attention_describe(&e.att));
 
 	/* K micro-batches of fresh random tokens */
 	int B = c.B, T = c.T, K = c.K, V = c.model.V;
@@ -193,7 +195,10 @@ Test(train_gpu, step_matches_cpu_reference)
 	int masks[] = { NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO,
 			NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, NG_GELU_FUSE_FWD, NG_GELU_FUSE_BWD, 0 };
 	for (size_t i = 0; i < sizeof(masks) / sizeof(masks[0]); i++)
-		step_matches(masks[i], 0);
+		step_matches(masks[i], 0, 0);
+	/* the GELU backward that recomputes the activation (unfused DGELU), and the fused one */
+	step_matches(NG_GELU_FUSE_FWD, 0, 1);
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 0, 1);
 }
 
 static void sm_version(int *major, int *minor)
@@ -222,9 +227,9 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 		ng_exec_free(&e);
 		cr_skip_test("no FP8 on sm_%d%d (init refused it, as it should)", major, minor);
 	}
-	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 1);
-	step_matches(NG_GELU_FUSE_FWD, 1);
-	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 2);
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 1, 0);
+	step_matches(NG_GELU_FUSE_FWD, 1, 0);
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 2, 0);
 }
 
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
