@@ -427,7 +427,6 @@ static int ln_for_bwd(struct bld *b, enum ng_op_which w, int l, int x, int store
 	return ln;
 }
 
-/* A full-rows matmul backward pair: dW (+= grads) then dinp. aux >= 0 fuses DGELU. */
 /* The weight gradient of a full-rows linear layer, and its bias gradient unless bias is 0 (the
  * FC layer's when GELU_BWD sums it). */
 static void matmul_dw(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int bias)
@@ -462,6 +461,7 @@ static void matmul_dinp(struct bld *b, enum ng_op_which w, int l, int dout, int 
 	emit_p(b, op, b->ws.matmul + d8);
 }
 
+/* A full-rows matmul backward pair: dW (+= grads) then dinp. aux >= 0 fuses DGELU. */
 static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int dinp,
 		       int aux)
 {
@@ -497,7 +497,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 		int gelu_out = a->fch_gelu;
 		if (g->recompute_gelu) {
 			gelu_out = lact(b, l, "fch_gelu.re", NG_DTYPE_BF16, 3, B, T, 4 * C);
-			if (fused_bwd) { /* unfused, GELU_BWD recomputes it below */
+			if (fused_bwd) { /* (unfused: GELU_BWD below writes it) */
 				op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch),
 					OUT(gelu_out));
 				op.recompute = 1;
