@@ -167,6 +167,47 @@ static enum ng_status time_pair(struct ng_exec *e, pair_run_fn run, void *arg, f
 	return NG_OK;
 }
 
+/* The two plans of a GELU choice: s with the epilogue (plan[0]) and without (plan[1]); *ws the
+ * larger workspace of the two. */
+static enum ng_status plan_gelu_pair(struct ng_exec *e, struct ng_matmul_spec s, int plan[2],
+				     size_t *ws)
+{
+	enum ng_status st = NG_OK;
+	for (int v = 0; v < 2 && !st; v++) {
+		s.gelu = v == 0;
+		st = plan_spec(e, s, &plan[v]);
+	}
+	if (st)
+		return st;
+	*ws = e->plans[plan[0]].mm.workspace_need;
+	if (e->plans[plan[1]].mm.workspace_need > *ws)
+		*ws = e->plans[plan[1]].mm.workspace_need;
+	return NG_OK;
+}
+
+/* Offsets of n regions of the given sizes in one buffer, each 256-byte aligned; the total. */
+static size_t lay_out(const size_t *sizes, int n, size_t *at)
+{
+	size_t bytes = 0;
+	for (int i = 0; i < n; i++) {
+		at[i] = bytes;
+		bytes += ALIGN_UP(sizes[i], 256);
+	}
+	return bytes;
+}
+
+/* time_pair on a scratch buffer of `bytes` filled with a constant (bf16 0x3c3c = 0.0115), freed
+ * after. */
+static enum ng_status time_on_scratch(struct ng_exec *e, char *buf, size_t bytes, pair_run_fn run,
+				      void *arg, float ms[2])
+{
+	enum ng_status st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream));
+	if (!st)
+		st = time_pair(e, run, arg, ms);
+	cudaFree(buf);
+	return st;
+}
+
 /* choose_dgelu's scratch and plans: variant 0 the fused matmul, 1 the plain matmul + kernel. */
 struct dgelu_trial {
 	const struct ng_matmul *mm[2];
@@ -197,23 +238,14 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 	struct ng_matmul_spec s = { .kind = NG_MATMUL_DINP, .N = e->cfg.B * e->cfg.T,
 				    .IC = 4 * m->C, .OC = m->C, .autotune = e->cfg.autotune };
 	int plan[2] = { 0, 0 };
-	s.gelu = 1;
-	enum ng_status st = plan_spec(e, s, &plan[0]);
-	s.gelu = 0;
-	if (!st)
-		st = plan_spec(e, s, &plan[1]);
+	size_t ws = 0;
+	enum ng_status st = plan_gelu_pair(e, s, plan, &ws);
 	if (st)
 		return st;
 	size_t n_in = (size_t)s.N * s.IC, n_out = (size_t)s.N * s.OC, n_w = (size_t)s.OC * s.IC;
-	size_t ws = e->plans[plan[0]].mm.workspace_need;
-	if (e->plans[plan[1]].mm.workspace_need > ws)
-		ws = e->plans[plan[1]].mm.workspace_need;
-	size_t at[5], bytes = 0; /* dinp, aux (pre-GELU), dout, W, workspace */
+	size_t at[5]; /* dinp, aux (pre-GELU), dout, W, workspace */
 	size_t sizes[5] = { n_in * 2, n_in * 2, n_out * 2, n_w * 2, ws };
-	for (int i = 0; i < 5; i++) {
-		at[i] = bytes;
-		bytes += ALIGN_UP(sizes[i], 256);
-	}
+	size_t bytes = lay_out(sizes, 5, at);
 	char *buf = NULL;
 	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
 		/* no room to time it: keep the bits as given; if the step itself does not fit,
@@ -225,10 +257,7 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 	struct dgelu_trial d = { { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm },
 				 buf + at[0], buf + at[1], buf + at[2], buf + at[3],
 				 ws ? buf + at[4] : NULL, n_in };
-	st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream)); /* bf16 0x3c3c = 0.0115 */
-	if (!st)
-		st = time_pair(e, dgelu_run, &d, e->dgelu_ms);
-	cudaFree(buf);
+	st = time_on_scratch(e, buf, bytes, dgelu_run, &d, e->dgelu_ms);
 	if (st)
 		return st;
 	*fuse = e->dgelu_ms[0] <= e->dgelu_ms[1];
@@ -266,23 +295,14 @@ static enum ng_status choose_gelu_fwd(struct ng_exec *e, int *fuse)
 	struct ng_matmul_spec s = { .kind = NG_MATMUL_FWD, .N = e->cfg.B * e->cfg.T, .IC = m->C,
 				    .OC = 4 * m->C, .bias = 1, .autotune = e->cfg.autotune };
 	int plan[2] = { 0, 0 };
-	s.gelu = 1;
-	enum ng_status st = plan_spec(e, s, &plan[0]);
-	s.gelu = 0;
-	if (!st)
-		st = plan_spec(e, s, &plan[1]);
+	size_t ws = 0;
+	enum ng_status st = plan_gelu_pair(e, s, plan, &ws);
 	if (st)
 		return st;
 	size_t n_in = (size_t)s.N * s.IC, n_out = (size_t)s.N * s.OC, n_w = (size_t)s.OC * s.IC;
-	size_t ws = e->plans[plan[0]].mm.workspace_need;
-	if (e->plans[plan[1]].mm.workspace_need > ws)
-		ws = e->plans[plan[1]].mm.workspace_need;
-	size_t at[6], bytes = 0; /* out, pre-activation, inp, W, bias, workspace */
+	size_t at[6]; /* out, pre-activation, inp, W, bias, workspace */
 	size_t sizes[6] = { n_out * 2, n_out * 2, n_in * 2, n_w * 2, (size_t)s.OC * 2, ws };
-	for (int i = 0; i < 6; i++) {
-		at[i] = bytes;
-		bytes += ALIGN_UP(sizes[i], 256);
-	}
+	size_t bytes = lay_out(sizes, 6, at);
 	char *buf = NULL;
 	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
 		(void)cudaGetLastError(); /* no room to time it: keep the bits as given */
@@ -292,10 +312,7 @@ static enum ng_status choose_gelu_fwd(struct ng_exec *e, int *fuse)
 	struct gelu_fwd_trial d = { { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm },
 				    buf + at[0], buf + at[1], buf + at[2], buf + at[3], buf + at[4],
 				    ws ? buf + at[5] : NULL, n_out };
-	st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream)); /* bf16 0x3c3c = 0.0115 */
-	if (!st)
-		st = time_pair(e, gelu_fwd_run, &d, e->gelu_fwd_ms);
-	cudaFree(buf);
+	st = time_on_scratch(e, buf, bytes, gelu_fwd_run, &d, e->gelu_fwd_ms);
 	if (st)
 		return st;
 	*fuse = e->gelu_fwd_ms[0] <= e->gelu_fwd_ms[1];
