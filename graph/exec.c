@@ -208,44 +208,70 @@ static enum ng_status time_on_scratch(struct ng_exec *e, char *buf, size_t bytes
 	return st;
 }
 
-/* choose_dgelu's scratch and plans: variant 0 the fused matmul, 1 the plain matmul + kernel. */
+/* choose_dgelu's scratch and plans: the FC backward as the step runs it either way.
+ * Variant 0 (DGELU fused): with --recompute gelu the GELU kernel recomputes the activation first;
+ * the FC-proj dinp matmul with the DGELU epilogue; the fc dW matmul with its bias gradient (the
+ * column-sum matmul). Variant 1: the plain FC-proj dinp matmul; ng_gelu_bwd_bias in place (the
+ * fc bias gradient, and the activation with --recompute gelu); the fc dW matmul without bias. */
 struct dgelu_trial {
-	const struct ng_matmul *mm[2];
-	char *dinp, *aux, *dout, *w, *ws;
-	size_t n_in;
+	const struct ng_matmul *dinp_mm[2], *dw_mm[2];
+	char *dfch, *fch, *dresid, *w, *ln2, *dw, *dbias, *gelu_out, *part, *ws;
+	int N, C;
 };
 
 static enum ng_status dgelu_run(struct ng_exec *e, void *arg, int v)
 {
 	const struct dgelu_trial *d = arg;
-	enum ng_status st = ng_matmul_run(d->mm[v], d->dinp, d->dout, d->w, NULL,
-					  v == 0 ? d->aux : NULL, NULL, d->ws, e->stream);
+	enum ng_status st = NG_OK;
+	size_t n = (size_t)d->N * 4 * d->C;
+	if (v == 0 && d->gelu_out)
+		st = ng_gelu_fwd((ng_bf16 *)d->gelu_out, (const ng_bf16 *)d->fch, n, e->stream);
+	if (!st)
+		st = ng_matmul_run(d->dinp_mm[v], d->dfch, d->dresid, d->w, NULL,
+				   v == 0 ? d->fch : NULL, NULL, d->ws, e->stream);
 	if (!st && v == 1)
-		st = ng_gelu_bwd((ng_bf16 *)d->dinp, (const ng_bf16 *)d->aux,
-				 (const ng_bf16 *)d->dinp, d->n_in, e->stream);
+		st = ng_gelu_bwd_bias((ng_bf16 *)d->dfch, (ng_bf16 *)d->gelu_out, (float *)d->dbias,
+				      0, (const ng_bf16 *)d->fch, (const ng_bf16 *)d->dfch, d->N,
+				      4 * d->C, d->part, e->stream);
+	if (!st)
+		st = ng_matmul_run(d->dw_mm[v], d->dw, d->dfch, d->ln2, NULL, NULL,
+				   v == 0 ? d->dbias : NULL, d->ws, e->stream);
 	return st;
 }
 
-/* --gelu-fusion auto: the FC-proj backward as one matmul with the DGELU epilogue, or as a plain
- * matmul and the GELU-backward kernel, whichever is faster here at the step's shape (time_pair:
- * under sustained load, on scratch filled with a constant). Both plans stay in
+/* --gelu-fusion auto: the FC backward with the DGELU epilogue fused into the FC-proj dinp
+ * matmul, or unfused (dgelu_trial above), whichever is faster here at the step's shape
+ * (time_pair: under sustained load, on scratch filled with a constant). The unfused form also
+ * takes over the fc bias gradient and, with --recompute gelu, the recomputed activation, so the
+ * trial times everything that differs between the two: the fc dW matmul too. The plans stay in
  * e->plans; the graph is built with the choice. Measured on the H200: the epilogue wins at d12
  * and d48, loses at d24 (BENCHMARKS.md). Not with --deterministic: two runs must build the same
  * step, so the bits stay as given. */
 static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 {
 	const struct ng_gpt_config *m = &e->cfg.model;
-	struct ng_matmul_spec s = { .kind = NG_MATMUL_DINP, .N = e->cfg.B * e->cfg.T,
-				    .IC = 4 * m->C, .OC = m->C, .autotune = e->cfg.autotune };
-	int plan[2] = { 0, 0 };
+	const int N = e->cfg.B * e->cfg.T, C = m->C, recompute = e->train.recompute_gelu;
+	struct ng_matmul_spec s = { .kind = NG_MATMUL_DINP, .N = N, .IC = 4 * C, .OC = C,
+				    .autotune = e->cfg.autotune };
+	struct ng_matmul_spec w = { .kind = NG_MATMUL_DW, .N = N, .IC = C, .OC = 4 * C,
+				    .autotune = e->cfg.autotune };
+	int dinp_plan[2] = { 0, 0 }, dw_plan[2] = { 0, 0 };
 	size_t ws = 0;
-	enum ng_status st = plan_gelu_pair(e, s, plan, &ws);
+	enum ng_status st = plan_gelu_pair(e, s, dinp_plan, &ws);
+	for (int v = 0; v < 2 && !st; v++) { /* the fc dW: with its bias gradient when fused */
+		w.bias = v == 0;
+		st = plan_spec(e, w, &dw_plan[v]);
+		if (!st && e->plans[dw_plan[v]].mm.workspace_need > ws)
+			ws = e->plans[dw_plan[v]].mm.workspace_need;
+	}
 	if (st)
 		return st;
-	size_t n_in = (size_t)s.N * s.IC, n_out = (size_t)s.N * s.OC, n_w = (size_t)s.OC * s.IC;
-	size_t at[5]; /* dinp, aux (pre-GELU), dout, W, workspace */
-	size_t sizes[5] = { n_in * 2, n_in * 2, n_out * 2, n_w * 2, ws };
-	size_t bytes = lay_out(sizes, 5, at);
+	size_t n4 = (size_t)N * 4 * C, n1 = (size_t)N * C, nw = (size_t)4 * C * C;
+	/* dfch, fch, dresid, W, ln2, dW, dbias, gelu_out, partials, workspace */
+	size_t sizes[10] = { n4 * 2, n4 * 2, n1 * 2, nw * 2, n1 * 2, nw * 4, (size_t)4 * C * 4,
+			     recompute ? n4 * 2 : 0, ng_bias_grad_scratch_bytes(N, 4 * C), ws };
+	size_t at[10];
+	size_t bytes = lay_out(sizes, 10, at);
 	char *buf = NULL;
 	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
 		/* no room to time it: keep the bits as given; if the step itself does not fit,
@@ -254,9 +280,11 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 		e->dgelu_ms[0] = e->dgelu_ms[1] = -1.0f;
 		return NG_OK;
 	}
-	struct dgelu_trial d = { { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm },
-				 buf + at[0], buf + at[1], buf + at[2], buf + at[3],
-				 ws ? buf + at[4] : NULL, n_in };
+	struct dgelu_trial d = { { &e->plans[dinp_plan[0]].mm, &e->plans[dinp_plan[1]].mm },
+				 { &e->plans[dw_plan[0]].mm, &e->plans[dw_plan[1]].mm },
+				 buf + at[0], buf + at[1], buf + at[2], buf + at[3], buf + at[4],
+				 buf + at[5], buf + at[6], recompute ? buf + at[7] : NULL,
+				 buf + at[8], ws ? buf + at[9] : NULL, N, C };
 	st = time_on_scratch(e, buf, bytes, dgelu_run, &d, e->dgelu_ms);
 	if (st)
 		return st;

@@ -212,7 +212,7 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 	}
 	if (g->fuse_gelu & NG_GELU_FUSE_AUTO) {
 		const float *ms[2] = { e->gelu_fwd_ms, e->dgelu_ms };
-		static const char *what[2] = { "FC forward", "FC-proj backward" };
+		static const char *what[2] = { "FC forward", "FC backward" };
 		fprintf(log, "gelu fusion: %s (epilogue against matmul + GELU kernel:",
 			ng_step_gelu_fusion_name(g->fuse_gelu));
 		for (int i = 0; i < 2; i++)
