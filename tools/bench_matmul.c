@@ -11,8 +11,9 @@
  * GEMM total, and what the BGRADB bias gradient costs next to a separate column-sum kernel
  * estimated at the 4.28 TB/s copy bandwidth of ../shared/GPU.md.
  *
- * Usage: bench_matmul [reps]   (default 30 launches of each, wrapper and direct)
- *        bench_matmul --sustained: instead, every heuristic candidate of each matmul timed in
+ * Usage: bench_matmul [--sustained] [reps] [d12|d24|d48 ...]   (default 30 launches of each,
+ *        wrapper and direct; d12 and d48 unless sizes are named; d24 is B=32, C=1024, L=24)
+ *        --sustained: instead, every heuristic candidate of each matmul timed in
  *        bursts (synchronised launches) and under sustained load (~150 ms back to back after
  *        ~150 ms of heating); the per-step GEMM time of three choices, all timed sustained.
  */
@@ -431,9 +432,25 @@ int main(int argc, char **argv)
 			ng_print_error();
 			return 1;
 		}
-	int rc = bench_config_(&ctx, "d12", 64, 1024, 768, 12, 50304, reps, ev);
-	if (!rc)
-		rc = bench_config_(&ctx, "d48", 16, 1024, 1600, 48, 50304, reps, ev);
+	static const struct { const char *name; int B, C, L; } sizes[3] = {
+		{ "d12", 64, 768, 12 }, { "d24", 32, 1024, 24 }, { "d48", 16, 1600, 48 } };
+	int want[3] = { argc <= 2, 0, argc <= 2 }, rc = 0;
+	for (int a = 2; a < argc; a++) {
+		int k = 0;
+		while (k < 3 && strcmp(argv[a], sizes[k].name))
+			k++;
+		if (k == 3) {
+			fprintf(stderr, "bench_matmul: unknown size '%s' (hint: d12, d24 or d48)\n",
+				argv[a]);
+			rc = 2;
+			break;
+		}
+		want[k] = 1;
+	}
+	for (int k = 0; k < 3 && !rc; k++)
+		if (want[k])
+			rc = bench_config_(&ctx, sizes[k].name, sizes[k].B, 1024, sizes[k].C,
+					   sizes[k].L, 50304, reps, ev);
 	for (int i = 0; i <= 2 * reps; i++)
 		cudaEventDestroy(ev[i]);
 	ng_matmul_ctx_free(&ctx);
