@@ -116,9 +116,25 @@ static __global__ void bias_grad_reduce_chunks(float *dbias, const float *part, 
 	dbias[c] = accumulate ? dbias[c] + s : s;
 }
 
+/* GELU'(x), and GELU(x) in *value, from one sigmoid: one exp and one approximate reciprocal an
+ * element where gelu_grad_f and gelu_f take two of each and the correctly rounded reciprocal
+ * (the GELU backward with the recompute was issue-bound on them: BENCHMARKS.md session 20).
+ * __fdividef's 2 ulp in fp32 are far below the bf16 outputs' rounding. */
+static __device__ __forceinline__ float gelu_grad_value_f(float x, float *value)
+{
+	float x2 = x * x;
+	float u = GELU_S * (x + GELU_K * x2 * x);
+	float sp = __fdividef(1.0f, 1.0f + __expf(-2.0f * u)); /* sigmoid(2u) */
+	*value = x * sp;
+	return sp + 2.0f * x * sp * (1.0f - sp) * GELU_S * (1.0f + 3.0f * GELU_K * x2);
+}
+
+#define GB_UNROLL 4 /* rows a thread loads before it computes: 8 16-byte loads in flight */
+
 /* ng_gelu_bwd_bias, pass 1: the blocks of bias_grad_row_chunks (32 x 8 threads, 256 columns x
- * BG_ROWS rows); each thread computes its 8 columns of a row, stores them, and adds the stored
- * (bf16) gradient to its column sums. */
+ * BG_ROWS rows); each thread loads GB_UNROLL of its rows (r, r + 8, ...) at once, then computes
+ * their 8 columns, stores them, and adds the stored (bf16) gradient to its column sums in row
+ * order. In place (dinp == dout) is safe: a thread reads and writes only its own elements. */
 static __global__ void gelu_bwd_bias_row_chunks(__nv_bfloat16 *dinp, __nv_bfloat16 *gelu_out,
 						float *part, const __nv_bfloat16 *inp,
 						const __nv_bfloat16 *dout, int N, int OC)
@@ -127,25 +143,34 @@ static __global__ void gelu_bwd_bias_row_chunks(__nv_bfloat16 *dinp, __nv_bfloat
 	int r0 = blockIdx.y * BG_ROWS, r1 = min(r0 + BG_ROWS, N);
 	float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 	if (col < OC)
-		for (int r = r0 + threadIdx.y; r < r1; r += 8) {
-			size_t at = (size_t)r * OC + col;
-			float x[8], d[8];
-			ng_unpack8_(x, ng_load8_stream_(inp + at));
-			ng_unpack8_(d, ng_load8_stream_(dout + at));
+		for (int r = r0 + threadIdx.y; r < r1; r += 8 * GB_UNROLL) {
+			struct ng_bf16x8 xv[GB_UNROLL], dv[GB_UNROLL];
 #pragma unroll
-			for (int k = 0; k < 8; k++)
-				d[k] *= gelu_grad_f(x[k]);
-			struct ng_bf16x8 packed = ng_pack8_(d);
-			ng_store8_(dinp + at, packed);
-			ng_unpack8_(d, packed); /* the sums are of what was stored */
+			for (int u = 0; u < GB_UNROLL; u++)
+				if (r + 8 * u < r1) {
+					size_t at = (size_t)(r + 8 * u) * OC + col;
+					xv[u] = ng_load8_stream_(inp + at);
+					dv[u] = ng_load8_stream_(dout + at);
+				}
 #pragma unroll
-			for (int k = 0; k < 8; k++)
-				acc[k] += d[k];
-			if (gelu_out) {
+			for (int u = 0; u < GB_UNROLL; u++) {
+				if (r + 8 * u >= r1)
+					break;
+				size_t at = (size_t)(r + 8 * u) * OC + col;
+				float x[8], d[8];
+				ng_unpack8_(x, xv[u]);
+				ng_unpack8_(d, dv[u]);
 #pragma unroll
 				for (int k = 0; k < 8; k++)
-					x[k] = gelu_f(x[k]);
-				ng_store8_(gelu_out + at, ng_pack8_(x));
+					d[k] *= gelu_grad_value_f(x[k], &x[k]);
+				struct ng_bf16x8 packed = ng_pack8_(d);
+				ng_store8_(dinp + at, packed);
+				ng_unpack8_(d, packed); /* the sums are of what was stored */
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					acc[k] += d[k];
+				if (gelu_out)
+					ng_store8_(gelu_out + at, ng_pack8_(x));
 			}
 		}
 	column_partials(acc, part, OC);

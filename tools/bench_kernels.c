@@ -19,7 +19,7 @@
  * above; median of 7 replays): how the step's graph runs a kernel, without launch latency or
  * the events' own cost; copies of 1/4 to 8 times the (N, C) size show how the copy rate
  * depends on the size.
- * Usage: bench_kernels [--only SUBSTR] [--gpu-time] [d12|d48]... (default both): one line per
+ * Usage: bench_kernels [--only SUBSTR] [--gpu-time] [d12|d24|d48]... (default d12, d48): one line per
  * kernel, only the kernels whose name contains SUBSTR with --only.
  */
 #include <cuda_runtime.h>
@@ -284,6 +284,14 @@ static enum ng_status l_gelu_bwd(struct bench *b, int r, void *a)
 	struct bufs *x = a;
 	return ng_gelu_bwd(AT(x, 0, r), AT(x, 1, r), AT(x, 0, r), x->n, BS);
 }
+/* p[0] dout -> dinp in place, p[1] the pre-activation, p[2] the recomputed GELU (when sz[2]),
+ * p[3] dbias, p[4] the partials */
+static enum ng_status l_gelu_bwd_bias(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_gelu_bwd_bias(AT(x, 0, r), x->sz[2] ? AT(x, 2, r) : NULL, (float *)x->p[3], 0,
+				AT(x, 1, r), AT(x, 0, r), (int)x->n, x->oc, x->p[4], BS);
+}
 static enum ng_status l_bias_grad(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
@@ -531,6 +539,18 @@ static void run_shape(const char *preset, int B)
 	by = 6.0 * x.n;
 	time_kernel(b, "gelu_bwd (N x 4C, in place)", by, l_gelu_bwd, &x);
 
+	for (int recompute = 0; recompute < 2; recompute++) { /* the step's GELU_BWD op */
+		size_t n4 = N * 4 * C;
+		by = (6.0 + 2.0 * recompute) * (double)n4;
+		setup(b, &x, by, 3, (size_t[]){n4 * 2, n4 * 2, recompute ? n4 * 2 : 0});
+		x.n = N;
+		x.oc = 4 * b->C;
+		x.p[3] = carve(b, 4 * C * 4);
+		x.p[4] = carve(b, ng_bias_grad_scratch_bytes((int)N, x.oc));
+		time_kernel(b, recompute ? "gelu_bwd_bias + recomputed GELU (N x 4C)" :
+			    "gelu_bwd_bias (N x 4C, in place)", by, l_gelu_bwd_bias, &x);
+	}
+
 	by = 2.0 * N * 4 * C;
 	setup(b, &x, by, 1, (size_t[]){N * 4 * C * 2});
 	x.n = N;
@@ -615,6 +635,6 @@ int main(int argc, char **argv)
 		run_shape("d48", 16);
 	}
 	for (int i = first; i < argc; i++)
-		run_shape(argv[i], strcmp(argv[i], "d12") == 0 ? 64 : 16);
+		run_shape(argv[i], !strcmp(argv[i], "d12") ? 64 : !strcmp(argv[i], "d24") ? 32 : 16);
 	return 0;
 }

@@ -411,7 +411,9 @@ int main(int argc, char **argv)
 	sustained = argc > 1 && !strcmp(argv[1], "--sustained");
 	if (sustained)
 		argc--, argv++;
-	int reps = argc > 1 ? atoi(argv[1]) : 30;
+	int reps = 30, first_size = 1; /* [reps] [sizes...] */
+	if (argc > 1 && argv[1][0] >= '0' && argv[1][0] <= '9')
+		reps = atoi(argv[1]), first_size = 2;
 	setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout kill */
 	if (reps < 1 || reps > BENCH_MAX_REPS) {
 		fprintf(stderr, "bench_matmul: reps must be 1..%d\n", BENCH_MAX_REPS);
@@ -434,8 +436,8 @@ int main(int argc, char **argv)
 		}
 	static const struct { const char *name; int B, C, L; } sizes[3] = {
 		{ "d12", 64, 768, 12 }, { "d24", 32, 1024, 24 }, { "d48", 16, 1600, 48 } };
-	int want[3] = { argc <= 2, 0, argc <= 2 }, rc = 0;
-	for (int a = 2; a < argc; a++) {
+	int want[3] = { argc <= first_size, 0, argc <= first_size }, rc = 0;
+	for (int a = first_size; a < argc; a++) {
 		int k = 0;
 		while (k < 3 && strcmp(argv[a], sizes[k].name))
 			k++;
