@@ -19,8 +19,8 @@
  * above; median of 7 replays): how the step's graph runs a kernel, without launch latency or
  * the events' own cost; copies of 1/4 to 8 times the (N, C) size show how the copy rate
  * depends on the size.
- * Usage: bench_kernels [--only SUBSTR] [--gpu-time] [d12|d24|d48]... (default d12, d48): one line per
- * kernel, only the kernels whose name contains SUBSTR with --only.
+ * Usage: bench_kernels [--only SUBSTR] [--gpu-time] [d12|d24|d48]... (default d12, d48): one
+ * line per kernel, only the kernels whose name contains SUBSTR with --only.
  */
 #include <cuda_runtime.h>
 #include <math.h>
