@@ -11,11 +11,12 @@
  * GEMM total, and what the BGRADB bias gradient costs next to a separate column-sum kernel
  * estimated at the 4.28 TB/s copy bandwidth of ../shared/GPU.md.
  *
- * Usage: bench_matmul [--sustained] [reps] [d12|d24|d48 ...]   (default 30 launches of each,
- *        wrapper and direct; d12 and d48 unless sizes are named; d24 is B=32, C=1024, L=24)
+ * Usage: bench_matmul [--sustained | --algos] [reps] [d12|d24|d48 ...]   (default 30 launches
+ *        of each, wrapper and direct; d12 and d48 unless sizes are named; d24 is B=32, C=1024, L=24)
  *        --sustained: instead, every heuristic candidate of each matmul timed in
  *        bursts (synchronised launches) and under sustained load (~150 ms back to back after
  *        ~150 ms of heating); the per-step GEMM time of three choices, all timed sustained.
+ *        --algos: the heuristic's algorithms and their split-K variants (see algos_config_).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -217,6 +218,191 @@ static int sustained_config_(struct ng_matmul_ctx *ctx, const char *cfg, const s
 	return 0;
 }
 
+/* --algos: every heuristic algorithm (up to 32) of each matmul and, for the first six, the
+ * split-K variants (2..8 parts, in-place and compute-type reduction) that
+ * cublasLtMatmulAlgoCheck accepts, each timed under sustained load on the direct cuBLASLt
+ * call (no bias-gradient column sum); the per-step GEMM time of the heuristic's first, of the
+ * best heuristic algorithm and of the best of all. */
+static int algos;
+
+#define ALGOS_MAX 256
+
+struct algo_cfg_ {
+	int32_t id, splitk;
+	uint32_t tile, stages, red, swz;
+	uint16_t inner, cluster;
+};
+
+static void algo_cfg_(const cublasLtMatmulAlgo_t *a, struct algo_cfg_ *c)
+{
+	size_t wr;
+	memset(c, 0, sizeof(*c));
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &c->id, 4, &wr);
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &c->tile, 4, &wr);
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &c->splitk, 4, &wr);
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &c->red, 4,
+					     &wr);
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &c->swz, 4, &wr);
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c->stages, 4, &wr);
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &c->inner, 2,
+					     &wr);
+	cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c->cluster, 2,
+					     &wr);
+}
+
+static void algo_print_(const cublasLtMatmulAlgo_t *a, size_t ws)
+{
+	struct algo_cfg_ c;
+	algo_cfg_(a, &c);
+	printf("id %d tile %u stages %u splitk %d red %u swz %u inner %u cluster %u ws %.1fM", c.id,
+	       c.tile, c.stages, c.splitk, c.red, c.swz, c.inner, c.cluster, ws / 1048576.0);
+}
+
+/* ms per launch of the bare cuBLASLt call with algo: k launches between two events. */
+static int time_algo_(const struct ng_matmul *mm, const cublasLtMatmulAlgo_t *algo, size_t ws,
+		      const struct bench_bufs *bb, cudaEvent_t *ev, int k, float *ms)
+{
+	const float one = 1.0f;
+	cudaEventRecord(ev[0], 0);
+	for (int r = 0; r < k; r++)
+		if (cublasLtMatmul(mm->lt, mm->desc, &one, bb->b, mm->a, bb->a, mm->b, &mm->beta,
+				   bb->out, mm->c, bb->out, mm->d, algo, ws ? bb->ws : NULL, ws,
+				   0) != CUBLAS_STATUS_SUCCESS)
+			return 1;
+	cudaEventRecord(ev[1], 0);
+	if (cudaEventSynchronize(ev[1]) != cudaSuccess)
+		return 1;
+	cudaEventElapsedTime(ms, ev[0], ev[1]);
+	*ms /= (float)k;
+	return 0;
+}
+
+static int algos_config_(struct ng_matmul_ctx *ctx, const char *cfg, const struct bench_mm *mms,
+			 int nm, const struct bench_bufs *bb, cudaEvent_t *ev)
+{
+	static cublasLtMatmulAlgo_t cand[ALGOS_MAX];
+	static size_t cws[ALGOS_MAX];
+	static float cms[ALGOS_MAX];
+	double step[3] = {0, 0, 0};
+	printf("\n== %s: heuristic algorithms and split-K variants, sustained ms ==\n", cfg);
+	for (int i = 0; i < nm; i++) {
+		struct ng_matmul mm;
+		struct ng_matmul_spec sp = mms[i].s;
+		if (ng_matmul_plan(&mm, ctx, &sp) || wrapper_(&mm, bb, 0)) /* sets the pointers */
+			return 1;
+		cublasLtMatmulPreference_t pref;
+		uint64_t wsl = ctx->workspace_bytes;
+		uint32_t al = 16;
+		cublasLtMatmulPreferenceCreate(&pref);
+		cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+						     &wsl, sizeof(wsl));
+		cublasLtMatmulPreferenceAttributes_t at[4] = {
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+			CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+		for (int j = 0; j < 4; j++)
+			cublasLtMatmulPreferenceSetAttribute(pref, at[j], &al, sizeof(al));
+		cublasLtMatmulHeuristicResult_t res[32];
+		int got = 0, n = 0;
+		cublasLtMatmulAlgoGetHeuristic(mm.lt, mm.desc, mm.a, mm.b, mm.c, mm.d, pref, 32, res,
+					       &got);
+		cublasLtMatmulPreferenceDestroy(pref);
+		for (int j = 0; j < got; j++) {
+			cand[n] = res[j].algo;
+			cws[n++] = res[j].workspaceSize;
+		}
+		for (int j = 0; j < got && j < 6; j++) {
+			int32_t sup = 0;
+			uint32_t mask = 0;
+			size_t wr;
+			cublasLtMatmulAlgoCapGetAttribute(&res[j].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+							  &sup, 4, &wr);
+			cublasLtMatmulAlgoCapGetAttribute(&res[j].algo,
+							  CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+							  &mask, 4, &wr);
+			if (!sup)
+				continue;
+			static const int32_t ks[5] = {2, 3, 4, 6, 8};
+			static const uint32_t rs[2] = {CUBLASLT_REDUCTION_SCHEME_INPLACE,
+						       CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE};
+			for (int a = 0; a < 5; a++)
+				for (int b = 0; b < 2 && n < ALGOS_MAX; b++) {
+					if (!(mask & rs[b]))
+						continue;
+					cublasLtMatmulAlgo_t v = res[j].algo;
+					cublasLtMatmulHeuristicResult_t chk;
+					cublasLtMatmulAlgoConfigSetAttribute(
+						&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &ks[a], 4);
+					cublasLtMatmulAlgoConfigSetAttribute(
+						&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &rs[b], 4);
+					if (cublasLtMatmulAlgoCheck(mm.lt, mm.desc, mm.a, mm.b, mm.c,
+								    mm.d, &v, &chk) !=
+						    CUBLAS_STATUS_SUCCESS ||
+					    chk.workspaceSize > ctx->workspace_bytes)
+						continue;
+					cand[n] = v;
+					cws[n++] = chk.workspaceSize;
+				}
+		}
+		float t0;
+		if (!got || time_algo_(&mm, &cand[0], cws[0], bb, ev, 20, &t0)) {
+			ng_matmul_free(&mm);
+			printf("%-8s %d: no heuristic algorithm ran\n", mms[i].name, (int)sp.kind);
+			continue;
+		}
+		int k = (int)(150.0f / t0); /* heat ~150 ms, then ~40 ms a candidate */
+		time_algo_(&mm, &cand[0], cws[0], bb, ev, k < 20 ? 20 : k, &t0);
+		k = (int)(40.0f / t0);
+		if (k < 10)
+			k = 10;
+		int best = 0, best_h = 0;
+		for (int c = 0; c < n; c++) {
+			if (time_algo_(&mm, &cand[c], cws[c], bb, ev, k, &cms[c])) {
+				cudaGetLastError();
+				cms[c] = 1e30f;
+				continue;
+			}
+			if (cms[c] < cms[best])
+				best = c;
+			if (c < got && cms[c] < cms[best_h])
+				best_h = c;
+		}
+		if (time_algo_(&mm, &cand[0], cws[0], bb, ev, k, &t0)) /* #0 again, after the rest */
+			t0 = cms[0];
+		double fl = ng_matmul_flops(&sp);
+		printf("%-8s %-4s N=%d IC=%d OC=%d: %d heuristic + %d split variants | #0 %.4f/%.4f "
+		       "ms (%.0f TFLOP/s) | best heuristic #%d %.4f | best #%d %.4f ms (%.0f TFLOP/s, "
+		       "%+.1f%%): ", mms[i].name, sp.kind == NG_MATMUL_FWD ? "FWD" : sp.kind ==
+		       NG_MATMUL_DINP ? "DINP" : "DW", sp.N, sp.IC, sp.OC, got, n - got, cms[0], t0,
+		       fl / (cms[0] * 1e-3) / 1e12, best_h, cms[best_h], best, cms[best],
+		       fl / (cms[best] * 1e-3) / 1e12, 100.0 * (cms[best] - cms[0]) / cms[0]);
+		algo_print_(&cand[best], cws[best]);
+		printf("\n    #0: ");
+		algo_print_(&cand[0], cws[0]);
+		printf("\n");
+		for (int r = 0; r < 4; r++) { /* the next four fastest, for the record */
+			int nb = -1;
+			for (int c = 0; c < n; c++)
+				if (c != best && cms[c] < 1e29f && (nb < 0 || cms[c] < cms[nb]))
+					nb = c;
+			if (nb < 0)
+				break;
+			printf("    %s#%d %.4f: ", nb < got ? "h" : "s", nb, cms[nb]);
+			algo_print_(&cand[nb], cws[nb]);
+			printf("\n");
+			cms[nb] = 1e30f;
+		}
+		step[0] += cms[0] * mms[i].per_step;
+		step[1] += cms[best_h] * mms[i].per_step;
+		step[2] += cms[best] * mms[i].per_step;
+		ng_matmul_free(&mm);
+	}
+	printf("%s: GEMM ms per step (bare matmuls, sustained): heuristic #0 %.2f, best heuristic "
+	       "%.2f, best with split-K %.2f\n", cfg, step[0], step[1], step[2]);
+	return 0;
+}
+
 static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int T, int C, int L,
 			 int Vp, int reps, cudaEvent_t *ev)
 {
@@ -275,6 +461,10 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 
 	if (sustained) {
 		rc = sustained_config_(ctx, cfg, mms, nm, &bb, ev);
+		goto out_free;
+	}
+	if (algos) {
+		rc = algos_config_(ctx, cfg, mms, nm, &bb, ev);
 		goto out_free;
 	}
 	printf("\n== %s: B=%d T=%d C=%d L=%d Vp=%d (N=%d), median of %d launches each ==\n", cfg,
@@ -409,7 +599,8 @@ out_free:
 int main(int argc, char **argv)
 {
 	sustained = argc > 1 && !strcmp(argv[1], "--sustained");
-	if (sustained)
+	algos = argc > 1 && !strcmp(argv[1], "--algos");
+	if (sustained || algos)
 		argc--, argv++;
 	int reps = 30, first_size = 1; /* [reps] [sizes...] */
 	if (argc > 1 && argv[1][0] >= '0' && argv[1][0] <= '9')
