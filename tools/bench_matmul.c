@@ -381,6 +381,9 @@ static int algos_config_(struct ng_matmul_ctx *ctx, const char *cfg, const struc
 		printf("\n    #0: ");
 		algo_print_(&cand[0], cws[0]);
 		printf("\n");
+		step[0] += cms[0] * mms[i].per_step;
+		step[1] += cms[best_h] * mms[i].per_step;
+		step[2] += cms[best] * mms[i].per_step;
 		for (int r = 0; r < 4; r++) { /* the next four fastest, for the record */
 			int nb = -1;
 			for (int c = 0; c < n; c++)
@@ -391,11 +394,8 @@ static int algos_config_(struct ng_matmul_ctx *ctx, const char *cfg, const struc
 			printf("    %s#%d %.4f: ", nb < got ? "h" : "s", nb, cms[nb]);
 			algo_print_(&cand[nb], cws[nb]);
 			printf("\n");
-			cms[nb] = 1e30f;
+			cms[nb] = 1e30f; /* printed */
 		}
-		step[0] += cms[0] * mms[i].per_step;
-		step[1] += cms[best_h] * mms[i].per_step;
-		step[2] += cms[best] * mms[i].per_step;
 		ng_matmul_free(&mm);
 	}
 	printf("%s: GEMM ms per step (bare matmuls, sustained): heuristic #0 %.2f, best heuristic "
