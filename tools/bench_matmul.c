@@ -292,7 +292,7 @@ static int algos_config_(struct ng_matmul_ctx *ctx, const char *cfg, const struc
 			return 1;
 		cublasLtMatmulPreference_t pref;
 		uint64_t wsl = ctx->workspace_bytes;
-		uint32_t al = 16;
+		uint32_t al = ctx->align_bytes; /* as the plans ask (matmul.c, heuristic_) */
 		cublasLtMatmulPreferenceCreate(&pref);
 		cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
 						     &wsl, sizeof(wsl));
