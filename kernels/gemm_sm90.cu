@@ -1,0 +1,409 @@
+/*
+ * kernels/gemm_sm90.cu — the Hopper GEMM of gemm_sm90.h: TMA loads into a ring of shared-memory
+ * stages, wgmma in two consumer warpgroups that take alternate tiles ("ping-pong": one writes its
+ * epilogue while the other multiplies), a persistent grid.
+ *
+ * References (facts, not code): PTX ISA 8.x, "wgmma.mma_async" (shared-memory matrix
+ * descriptor: start address, leading/stride byte offsets, swizzle mode; the accumulator
+ * fragment layout), "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"; CUDA driver API
+ * cuTensorMapEncodeTiled. The ping-pong schedule is the one CUTLASS names
+ * KernelTmaWarpSpecializedPingpong.
+ *
+ * Shared memory of a stage: A (WM rows x 64 bf16) then W (BN rows x 64 bf16), each row 128
+ * bytes, rows swizzled in groups of 8 (1024 bytes) by the copy engine's 128-byte mode, which is
+ * the layout wgmma's K-major 128-byte-swizzle descriptor reads (stride between 8-row groups
+ * 1024 bytes; the k = 16 slices start 32 bytes apart inside the swizzled row).
+ *
+ * The ring: position p = (tile's index among the block's tiles) * kblocks + kb; stage p % S,
+ * phase (p / S) & 1. full[s] completes when the stage's bytes have landed (one arrive with the
+ * byte count, then the copy engine's transactions); empty[s] when the 128 threads of the
+ * warpgroup that read it have finished the wgmma that read it.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/check.h"
+#include "kernels/common.cuh"
+#include "kernels/gemm_sm90.h"
+
+#define GM_BK 64          /* k of a stage: one 128-byte swizzled row of bf16 */
+#define GM_THREADS 384    /* the producer warpgroup and two consumer warpgroups */
+#define GM_SMEM_RING (192 * 1024)
+#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K 0.044715f
+
+template <int WM, int BN> struct gm_cfg {
+	static constexpr int A_BYTES = WM * GM_BK * 2;
+	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
+	static constexpr int STAGES = GM_SMEM_RING / STAGE_BYTES;
+	/* the ring, 1024 bytes to align it, the barriers */
+	static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GM_SM90A 1
+#endif
+
+#ifdef GM_SM90A
+static __device__ __forceinline__ uint32_t smem_u32_(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void mbar_init_(uint64_t *bar, unsigned count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32_(bar)), "r"(count));
+}
+
+static __device__ __forceinline__ void mbar_expect_tx_(uint64_t *bar, unsigned bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32_(bar)),
+		     "r"(bytes) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_arrive_(uint64_t *bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32_(bar)) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_wait_(uint64_t *bar, unsigned parity)
+{
+	uint32_t done = 0;
+	while (!done)
+		asm volatile("{\n.reg .pred p;\n"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+			     "selp.u32 %0, 1, 0, p;\n}\n"
+			     : "=r"(done) : "r"(smem_u32_(bar)), "r"(parity) : "memory");
+}
+
+/* One 2-D box of the tensor map into shared memory; completes on bar. c0 is the inner (k)
+ * coordinate, c1 the row. */
+static __device__ __forceinline__ void tma_load_(void *dst, const CUtensorMap *map, int c0, int c1,
+						 uint64_t *bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%2, %3}], [%4];"
+		     ::"r"(smem_u32_(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32_(bar))
+		     : "memory");
+}
+
+/* wgmma's shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart. */
+static __device__ __forceinline__ uint64_t desc_(uint32_t saddr)
+{
+	return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) |
+	       ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+static __device__ __forceinline__ void wgmma_fence_(void)
+{
+	asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_commit_(void)
+{
+	asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void wgmma_wait_(void)
+{
+	asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+/* d (64 x 128 fp32, wgmma's accumulator layout) = (acc ? d : 0) + A (64 x 16) B (128 x 16)^T;
+ * A and B bf16 in shared memory, K-major, 128-byte swizzle. Generated text: 64 operands. */
+static __device__ __forceinline__ void wgmma_n128_(float *d, uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+		     "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+		       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+		       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+		       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+		       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		     : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d (64 x 256 fp32, wgmma's accumulator layout) = (acc ? d : 0) + A (64 x 16) B (256 x 16)^T;
+ * A and B bf16 in shared memory, K-major, 128-byte swizzle. Generated text: 128 operands. */
+static __device__ __forceinline__ void wgmma_n256_(float *d, uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+		     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+		     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+		     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+		     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+		     "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+		       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+		       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+		       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+		       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+		       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+		       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+		       "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+		       "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+		       "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+		       "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+		       "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+		       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+		     : "l"(da), "l"(db), "r"(acc));
+}
+
+static __device__ __forceinline__ float gelu_(float x)
+{
+	float u = GELU_S * (x + GELU_K * x * x * x);
+	return __fdividef(x, 1.0f + __expf(-2.0f * u));
+}
+#endif /* GM_SM90A */
+
+template <int WM, int BN, int GELU>
+static __global__ void __launch_bounds__(GM_THREADS, 1)
+gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
+	__nv_bfloat16 *out, __nv_bfloat16 *aux, const __nv_bfloat16 *bias, int M, int N, int K)
+{
+#ifdef GM_SM90A
+	typedef gm_cfg<WM, BN> C;
+	constexpr int S = C::STAGES;
+	extern __shared__ unsigned char smem_raw_[];
+	unsigned char *ring = (unsigned char *)(((uintptr_t)smem_raw_ + 1023) & ~(uintptr_t)1023);
+	uint64_t *full = (uint64_t *)(ring + S * C::STAGE_BYTES), *empty = full + S;
+	const int tiles_n = (N + BN - 1) / BN, tiles = ((M + WM - 1) / WM) * tiles_n;
+	const int kbs = (K + GM_BK - 1) / GM_BK;
+	const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < S; s++) {
+			mbar_init_(&full[s], 1);
+			mbar_init_(&empty[s], 128);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+	}
+	__syncthreads();
+
+	if (wg == 0) { /* the producer: one thread issues every load */
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		if (t != 0)
+			return;
+		int p = 0;
+		for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+			const int m0 = tile / tiles_n * WM, n0 = tile % tiles_n * BN;
+			for (int kb = 0; kb < kbs; kb++, p++) {
+				const int s = p % S;
+				mbar_wait_(&empty[s], ((p / S) & 1) ^ 1);
+				mbar_expect_tx_(&full[s], C::STAGE_BYTES);
+				unsigned char *a = ring + s * C::STAGE_BYTES;
+				tma_load_(a, &ta, kb * GM_BK, m0, &full[s]);
+				tma_load_(a + C::A_BYTES, &tw, kb * GM_BK, n0, &full[s]);
+			}
+		}
+	} else { /* a consumer: every other tile of the block */
+		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+		const int c = wg - 1, warp = t / 32, lane = t % 32;
+		float d[WM / 64][BN / 2];
+		int local = c;
+		for (int tile = blockIdx.x + c * gridDim.x; tile < tiles;
+		     tile += 2 * gridDim.x, local += 2) {
+			const int m0 = tile / tiles_n * WM, n0 = tile % tiles_n * BN;
+			const int p0 = local * kbs;
+			for (int kb = 0; kb < kbs; kb++) {
+				const int p = p0 + kb, s = p % S;
+				mbar_wait_(&full[s], (p / S) & 1);
+				const uint32_t a = smem_u32_(ring + s * C::STAGE_BYTES), w = a + C::A_BYTES;
+				wgmma_fence_();
+#pragma unroll
+				for (int k = 0; k < GM_BK / 16; k++) {
+#pragma unroll
+					for (int h = 0; h < WM / 64; h++) {
+						const uint64_t da = desc_(a + h * 64 * 128 + k * 32);
+						const uint64_t dw = desc_(w + k * 32);
+						if constexpr (BN == 128)
+							wgmma_n128_(d[h], da, dw, kb > 0 || k > 0);
+						else
+							wgmma_n256_(d[h], da, dw, kb > 0 || k > 0);
+					}
+				}
+				wgmma_commit_();
+				if (kb > 0) { /* the previous stage's wgmma is done: release it */
+					wgmma_wait_<1>();
+					mbar_arrive_(&empty[(p - 1) % S]);
+				}
+			}
+			wgmma_wait_<0>();
+			mbar_arrive_(&empty[(p0 + kbs - 1) % S]);
+
+			/* epilogue: thread (warp, lane) holds rows warp*16 + lane/4 (+8) of each 64-row
+			 * half and columns 8j + 2(lane%4) (+1) of each 8-column block j */
+#pragma unroll
+			for (int j = 0; j < BN / 8; j++) {
+				const int col = n0 + j * 8 + (lane % 4) * 2;
+				if (col >= N)
+					continue;
+				float b0 = 0.0f, b1 = 0.0f;
+				if (bias) {
+					float2 bb = __bfloat1622float2(
+						*reinterpret_cast<const __nv_bfloat162 *>(bias + col));
+					b0 = bb.x;
+					b1 = bb.y;
+				}
+#pragma unroll
+				for (int h = 0; h < WM / 64; h++) {
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const int row = m0 + h * 64 + warp * 16 + lane / 4 + 8 * e;
+						if (row >= M)
+							continue;
+						const float x0 = d[h][4 * j + 2 * e] + b0;
+						const float x1 = d[h][4 * j + 2 * e + 1] + b1;
+						const size_t at = (size_t)row * N + col;
+						if (GELU) {
+							*reinterpret_cast<__nv_bfloat162 *>(aux + at) =
+								__floats2bfloat162_rn(x0, x1);
+							*reinterpret_cast<__nv_bfloat162 *>(out + at) =
+								__floats2bfloat162_rn(gelu_(x0), gelu_(x1));
+						} else {
+							*reinterpret_cast<__nv_bfloat162 *>(out + at) =
+								__floats2bfloat162_rn(x0, x1);
+						}
+					}
+				}
+			}
+		}
+	}
+#endif
+}
+
+/* ---- host side ---- */
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_;
+
+static enum ng_status encode_init_(void)
+{
+	if (encode_tiled_)
+		return NG_OK;
+	void *fn = NULL;
+	cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+	if (NG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+							   cudaEnableDefault, &q)))
+		return NG_ERR_RUNTIME;
+	if (q != cudaDriverEntryPointSuccess || !fn)
+		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: the driver has no "
+			       "cuTensorMapEncodeTiled (query result %d)", (int)q);
+	encode_tiled_ = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+	return NG_OK;
+}
+
+/* A row-major (rows, K) bf16 matrix as boxes of box_rows x 64 with the 128-byte swizzle. */
+static enum ng_status encode_(CUtensorMap *map, const void *p, int rows, int K, int box_rows)
+{
+	cuuint64_t dim[2] = { (cuuint64_t)K, (cuuint64_t)rows };
+	cuuint64_t stride[1] = { (cuuint64_t)K * 2 };
+	cuuint32_t box[2] = { GM_BK, (cuuint32_t)box_rows };
+	cuuint32_t elem[2] = { 1, 1 };
+	CUresult r = encode_tiled_(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride,
+				   box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+				   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+				   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS)
+		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: cuTensorMapEncodeTiled failed (%d) for "
+			       "a %d x %d matrix at %p", (int)r, rows, K, p);
+	return NG_OK;
+}
+
+static int device_sm90_(int *sms)
+{
+	int dev = 0, major = 0, minor = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	return major == 9 && minor == 0;
+}
+
+/* Was the kernel built with sm_90a machine code? (a build without that target has no wgmma:
+ * the kernel body would be empty) */
+static int built_sm90a_(void)
+{
+	cudaFuncAttributes fa;
+	if (cudaFuncGetAttributes(&fa, gm_fwd_<128, 128, 1>) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	return fa.binaryVersion == 90;
+}
+
+extern "C" int ng_gemm_sm90_available(void)
+{
+	int sms = 0;
+	return device_sm90_(&sms) && built_sm90a_();
+}
+
+template <int WM, int BN, int GELU>
+static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, __nv_bfloat16 *out,
+			      __nv_bfloat16 *aux, const __nv_bfloat16 *bias, int M, int N, int K,
+			      int sms, cudaStream_t s)
+{
+	typedef gm_cfg<WM, BN> C;
+	enum ng_status st = ng_ensure_smem_(gm_fwd_<WM, BN, GELU>, C::SMEM);
+	if (st)
+		return st;
+	const long long tiles = (long long)((M + WM - 1) / WM) * ((N + BN - 1) / BN);
+	const int grid = tiles < sms ? (int)tiles : sms;
+	gm_fwd_<WM, BN, GELU><<<grid, GM_THREADS, C::SMEM, s>>>(*ta, *tw, out, aux, bias, M, N, K);
+	return NG_LAUNCH_CHECK("gm_fwd_");
+}
+
+extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_bf16 *inp,
+					   const ng_bf16 *w, const ng_bf16 *bias, int M, int N,
+					   int K, int gelu, enum ng_gemm_tile tile, cudaStream_t s)
+{
+	static const char *who = "ng_gemm_sm90_fwd";
+	int sms = 0;
+	if (M < 1 || N < 1 || K < 1 || N % 8 || K % 8)
+		return ng_check_arg_fail(who, "M = %d, N = %d, K = %d: all >= 1, N and K multiples "
+					 "of 8", M, N, K);
+	if ((long long)M * N > (1ll << 40) || tile < 0 || tile >= NG_GEMM_TILES)
+		return ng_check_arg_fail(who, "M = %d, N = %d, tile %d out of range", M, N, (int)tile);
+	if (!out || !inp || !w || (gelu && !aux))
+		return ng_check_arg_fail(who, "NULL pointer (out %p, inp %p, w %p, aux %p, gelu %d)",
+					 (void *)out, (const void *)inp, (const void *)w, (void *)aux,
+					 gelu);
+	if (!ng_aligned16_(out) || !ng_aligned16_(inp) || !ng_aligned16_(w) ||
+	    (aux && !ng_aligned16_(aux)) || (bias && !ng_aligned16_(bias)))
+		return ng_check_arg_fail(who, "pointers must be 16-byte aligned");
+	if (!device_sm90_(&sms) || !built_sm90a_())
+		return ng_fail(NG_ERR_RUNTIME, "%s: needs an sm_90 GPU and a build for sm_90a", who);
+	enum ng_status st = encode_init_();
+	if (st)
+		return st;
+	const int wm = tile == NG_GEMM_TILE_128x128 ? 128 : 64, bn = 16384 / wm;
+	CUtensorMap ta, tw;
+	if ((st = encode_(&ta, inp, M, K, wm)) || (st = encode_(&tw, w, N, K, bn)))
+		return st;
+	__nv_bfloat16 *o = (__nv_bfloat16 *)out, *x = (__nv_bfloat16 *)aux;
+	const __nv_bfloat16 *b = (const __nv_bfloat16 *)bias;
+	if (tile == NG_GEMM_TILE_128x128)
+		return gelu ? launch_<128, 128, 1>(&ta, &tw, o, x, b, M, N, K, sms, s)
+			    : launch_<128, 128, 0>(&ta, &tw, o, x, b, M, N, K, sms, s);
+	return gelu ? launch_<64, 256, 1>(&ta, &tw, o, x, b, M, N, K, sms, s)
+		    : launch_<64, 256, 0>(&ta, &tw, o, x, b, M, N, K, sms, s);
+}
