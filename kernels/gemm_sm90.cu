@@ -97,6 +97,17 @@ static __device__ __forceinline__ uint64_t desc_(uint32_t saddr)
 	       ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+/* Named barriers 1 and 2 (0 is __syncthreads'), between the two consumer warpgroups: one
+ * arrives (not waiting), the other syncs; 256 threads complete it. */
+static __device__ __forceinline__ void named_sync_(int id)
+{
+	asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+static __device__ __forceinline__ void named_arrive_(int id)
+{
+	asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
+}
+
 static __device__ __forceinline__ void wgmma_fence_(void)
 {
 	asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -222,6 +233,11 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 		     tile += 2 * gridDim.x, local += 2) {
 			const int m0 = tile / tiles_n * WM, n0 = tile % tiles_n * BN;
 			const int p0 = local * kbs;
+			/* Ping-pong order: this mainloop starts once the other consumer's previous one
+			 * has made all its waits. Without it this warpgroup would wait on a stage two
+			 * phases ahead, and a phase parity cannot tell the two apart. */
+			if (local > 0)
+				named_sync_(1 + c);
 			for (int kb = 0; kb < kbs; kb++) {
 				const int p = p0 + kb, s = p % S;
 				mbar_wait_(&full[s], (p / S) & 1);
@@ -247,6 +263,8 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 			}
 			wgmma_wait_<0>();
 			mbar_arrive_(&empty[(p0 + kbs - 1) % S]);
+			if (tile + gridDim.x < tiles) /* the block's next tile is the other's */
+				named_arrive_(2 - c);
 
 			/* epilogue: thread (warp, lane) holds rows warp*16 + lane/4 (+8) of each 64-row
 			 * half and columns 8j + 2(lane%4) (+1) of each 8-column block j */
