@@ -31,7 +31,9 @@
 
 #define GM_BK 64          /* k of a stage: one 128-byte swizzled row of bf16 */
 #define GM_THREADS 384    /* the producer warpgroup and two consumer warpgroups */
-#define GM_SMEM_RING (192 * 1024)
+#define GM_SMEM_RING (128 * 1024)
+#define GM_UNIT 8192      /* an epilogue unit: 64 rows x 64 bf16, 128-byte swizzled, one store box */
+#define GM_UNITS 4        /* units a consumer cycles through (stores in flight) */
 #define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K 0.044715f
 
@@ -39,8 +41,9 @@ template <int WM, int BN> struct gm_cfg {
 	static constexpr int A_BYTES = WM * GM_BK * 2;
 	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
 	static constexpr int STAGES = GM_SMEM_RING / STAGE_BYTES;
-	/* the ring, 1024 bytes to align it, the barriers */
-	static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+	static constexpr int RING = STAGES * STAGE_BYTES;
+	/* the ring, each consumer's epilogue units, 1024 bytes to align them, the barriers */
+	static constexpr int SMEM = RING + 2 * GM_UNITS * GM_UNIT + 1024 + 2 * STAGES * 8;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -88,6 +91,38 @@ static __device__ __forceinline__ void tma_load_(void *dst, const CUtensorMap *m
 		     " [%0], [%1, {%2, %3}], [%4];"
 		     ::"r"(smem_u32_(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32_(bar))
 		     : "memory");
+}
+
+/* One 64 x 64 box from shared memory to the tensor map's matrix at (c0 = column, c1 = row);
+ * the copy engine skips what lies past the matrix's edges. */
+static __device__ __forceinline__ void tma_store_(const CUtensorMap *map, const void *src, int c0,
+						  int c1)
+{
+	asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+		     ::"l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32_(src)) : "memory");
+}
+static __device__ __forceinline__ void bulk_commit_(void)
+{
+	asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+/* until at most N of this thread's store groups still read shared memory */
+template <int N> static __device__ __forceinline__ void bulk_wait_read_(void)
+{
+	asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void bulk_wait_all_(void)
+{
+	asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+/* ordinary shared-memory stores, then read by the copy engine */
+static __device__ __forceinline__ void fence_async_smem_(void)
+{
+	asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* a barrier of one warpgroup (ids 3 and 4) */
+static __device__ __forceinline__ void wg_sync_(int id)
+{
+	asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
 /* wgmma's shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart. */
@@ -187,7 +222,8 @@ static __device__ __forceinline__ float gelu_(float x)
 template <int WM, int BN, int GELU>
 static __global__ void __launch_bounds__(GM_THREADS, 1)
 gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
-	__nv_bfloat16 *out, __nv_bfloat16 *aux, const __nv_bfloat16 *bias, int M, int N, int K)
+	const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
+	const __nv_bfloat16 *bias, int M, int N, int K)
 {
 #ifdef GM_SM90A
 	typedef gm_cfg<WM, BN> C;
@@ -198,6 +234,7 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 	const int tiles_n = (N + BN - 1) / BN, tiles = ((M + WM - 1) / WM) * tiles_n;
 	const int kbs = (K + GM_BK - 1) / GM_BK;
 	const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+	(void)M;
 
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < S; s++) {
@@ -228,7 +265,8 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		const int c = wg - 1, warp = t / 32, lane = t % 32;
 		float d[WM / 64][BN / 2];
-		int local = c;
+		unsigned char *units = ring + C::RING + c * GM_UNITS * GM_UNIT;
+		int local = c, unit = 0;
 		for (int tile = blockIdx.x + c * gridDim.x; tile < tiles;
 		     tile += 2 * gridDim.x, local += 2) {
 			const int m0 = tile / tiles_n * WM, n0 = tile % tiles_n * BN;
@@ -266,43 +304,71 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 			if (tile + gridDim.x < tiles) /* the block's next tile is the other's */
 				named_arrive_(2 - c);
 
-			/* epilogue: thread (warp, lane) holds rows warp*16 + lane/4 (+8) of each 64-row
-			 * half and columns 8j + 2(lane%4) (+1) of each 8-column block j */
+			/* Epilogue, one 64 x 64 unit at a time: thread (warp, lane) holds rows
+			 * warp*16 + lane/4 (+8) of each 64-row half and columns 8j + 2(lane%4) (+1)
+			 * of each 8-column block j. It writes them into a unit in the copy engine's
+			 * 128-byte swizzle (the 16-byte chunk j of row r at chunk j ^ (r % 8): the
+			 * warp's 8 rows land in 8 different chunks, no bank conflicts), and one
+			 * thread stores the unit with the copy engine, which runs on while the next
+			 * unit is written. aux (the pre-activation) first, then GELU of the same
+			 * fp32 values. */
+			if (bias) { /* the fp32 pre-activation, in place */
 #pragma unroll
-			for (int j = 0; j < BN / 8; j++) {
-				const int col = n0 + j * 8 + (lane % 4) * 2;
-				if (col >= N)
-					continue;
-				float b0 = 0.0f, b1 = 0.0f;
-				if (bias) {
-					float2 bb = __bfloat1622float2(
-						*reinterpret_cast<const __nv_bfloat162 *>(bias + col));
-					b0 = bb.x;
-					b1 = bb.y;
+				for (int j = 0; j < BN / 8; j++) {
+					const int col = n0 + 8 * j + 2 * (lane % 4);
+					float2 bb = make_float2(0.0f, 0.0f);
+					if (col < N)
+						bb = __bfloat1622float2(
+							*reinterpret_cast<const __nv_bfloat162 *>(bias + col));
+#pragma unroll
+					for (int h = 0; h < WM / 64; h++) {
+						d[h][4 * j] += bb.x;
+						d[h][4 * j + 1] += bb.y;
+						d[h][4 * j + 2] += bb.x;
+						d[h][4 * j + 3] += bb.y;
+					}
 				}
+			}
+#pragma unroll
+			for (int o = 0; o < (GELU ? 2 : 1); o++) {
 #pragma unroll
 				for (int h = 0; h < WM / 64; h++) {
 #pragma unroll
-					for (int e = 0; e < 2; e++) {
-						const int row = m0 + h * 64 + warp * 16 + lane / 4 + 8 * e;
-						if (row >= M)
-							continue;
-						const float x0 = d[h][4 * j + 2 * e] + b0;
-						const float x1 = d[h][4 * j + 2 * e + 1] + b1;
-						const size_t at = (size_t)row * N + col;
-						if (GELU) {
-							*reinterpret_cast<__nv_bfloat162 *>(aux + at) =
-								__floats2bfloat162_rn(x0, x1);
-							*reinterpret_cast<__nv_bfloat162 *>(out + at) =
-								__floats2bfloat162_rn(gelu_(x0), gelu_(x1));
-						} else {
-							*reinterpret_cast<__nv_bfloat162 *>(out + at) =
-								__floats2bfloat162_rn(x0, x1);
+					for (int b = 0; b < BN / 64; b++, unit++) {
+						unsigned char *u = units + (unit % GM_UNITS) * GM_UNIT;
+						if (t == 0) /* the store that last read u is done with it */
+							bulk_wait_read_<GM_UNITS - 1>();
+						wg_sync_(3 + c);
+#pragma unroll
+						for (int jj = 0; jj < 8; jj++) {
+							const int j = 8 * b + jj;
+#pragma unroll
+							for (int e = 0; e < 2; e++) {
+								const int r = warp * 16 + lane / 4 + 8 * e;
+								float x0 = d[h][4 * j + 2 * e];
+								float x1 = d[h][4 * j + 2 * e + 1];
+								if (GELU && o == 1) {
+									x0 = gelu_(x0);
+									x1 = gelu_(x1);
+								}
+								*reinterpret_cast<__nv_bfloat162 *>(
+									u + r * 128 + ((jj ^ (r & 7)) << 4) + (lane % 4) * 4) =
+									__floats2bfloat162_rn(x0, x1);
+							}
+						}
+						fence_async_smem_();
+						wg_sync_(3 + c);
+						if (t == 0) {
+							tma_store_(GELU && o == 0 ? &taux : &tout, u, n0 + 64 * b,
+								   m0 + 64 * h);
+							bulk_commit_();
 						}
 					}
 				}
 			}
 		}
+		if (t == 0)
+			bulk_wait_all_();
 	}
 #endif
 }
@@ -332,7 +398,7 @@ static enum ng_status encode_(CUtensorMap *map, const void *p, int rows, int K, 
 {
 	cuuint64_t dim[2] = { (cuuint64_t)K, (cuuint64_t)rows };
 	cuuint64_t stride[1] = { (cuuint64_t)K * 2 };
-	cuuint32_t box[2] = { GM_BK, (cuuint32_t)box_rows };
+	cuuint32_t box[2] = { 64, (cuuint32_t)box_rows };
 	cuuint32_t elem[2] = { 1, 1 };
 	CUresult r = encode_tiled_(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride,
 				   box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -376,8 +442,8 @@ extern "C" int ng_gemm_sm90_available(void)
 }
 
 template <int WM, int BN, int GELU>
-static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, __nv_bfloat16 *out,
-			      __nv_bfloat16 *aux, const __nv_bfloat16 *bias, int M, int N, int K,
+static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, const CUtensorMap *to,
+			      const CUtensorMap *tx, const __nv_bfloat16 *bias, int M, int N, int K,
 			      int sms, cudaStream_t s)
 {
 	typedef gm_cfg<WM, BN> C;
@@ -386,7 +452,7 @@ static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, __nv
 		return st;
 	const long long tiles = (long long)((M + WM - 1) / WM) * ((N + BN - 1) / BN);
 	const int grid = tiles < sms ? (int)tiles : sms;
-	gm_fwd_<WM, BN, GELU><<<grid, GM_THREADS, C::SMEM, s>>>(*ta, *tw, out, aux, bias, M, N, K);
+	gm_fwd_<WM, BN, GELU><<<grid, GM_THREADS, C::SMEM, s>>>(*ta, *tw, *to, *tx, bias, M, N, K);
 	return NG_LAUNCH_CHECK("gm_fwd_");
 }
 
@@ -414,14 +480,15 @@ extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_
 	if (st)
 		return st;
 	const int wm = tile == NG_GEMM_TILE_128x128 ? 128 : 64, bn = 16384 / wm;
-	CUtensorMap ta, tw;
-	if ((st = encode_(&ta, inp, M, K, wm)) || (st = encode_(&tw, w, N, K, bn)))
+	/* inputs in boxes of a stage's rows x 64; outputs in 64 x 64 units */
+	CUtensorMap ta, tw, to, tx;
+	if ((st = encode_(&ta, inp, M, K, wm)) || (st = encode_(&tw, w, N, K, bn)) ||
+	    (st = encode_(&to, out, M, N, 64)) || (st = encode_(&tx, gelu ? aux : out, M, N, 64)))
 		return st;
-	__nv_bfloat16 *o = (__nv_bfloat16 *)out, *x = (__nv_bfloat16 *)aux;
 	const __nv_bfloat16 *b = (const __nv_bfloat16 *)bias;
 	if (tile == NG_GEMM_TILE_128x128)
-		return gelu ? launch_<128, 128, 1>(&ta, &tw, o, x, b, M, N, K, sms, s)
-			    : launch_<128, 128, 0>(&ta, &tw, o, x, b, M, N, K, sms, s);
-	return gelu ? launch_<64, 256, 1>(&ta, &tw, o, x, b, M, N, K, sms, s)
-		    : launch_<64, 256, 0>(&ta, &tw, o, x, b, M, N, K, sms, s);
+		return gelu ? launch_<128, 128, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+			    : launch_<128, 128, 0>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+	return gelu ? launch_<64, 256, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+		    : launch_<64, 256, 0>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
 }
