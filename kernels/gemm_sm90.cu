@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kernels/check.h"
 #include "kernels/common.cuh"
@@ -31,19 +32,28 @@
 
 #define GM_BK 64          /* k of a stage: one 128-byte swizzled row of bf16 */
 #define GM_THREADS 384    /* the producer warpgroup and two consumer warpgroups */
-#define GM_SMEM_RING (128 * 1024)
+#define GM_SMEM_MAX (227 * 1024) /* dynamic shared memory a block may have on sm_90 */
 #define GM_UNIT 8192      /* an epilogue unit: 64 rows x 64 bf16, 128-byte swizzled, one store box */
-#define GM_UNITS 4        /* units a consumer cycles through (stores in flight) */
 #define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K 0.044715f
 
-template <int WM, int BN> struct gm_cfg {
+/* A consumer cycles through its own epilogue units: a tile's worth without GELU, so that the
+ * copy engine has a whole mainloop to read a unit before it is written again; with GELU (two
+ * outputs, 2 x 4 units) six, so that only the last two units of a tile wait for stores of the
+ * same epilogue, and the ring keeps four stages. The ring takes what shared memory is left, up
+ * to 6 stages. */
+template <int WM, int BN, int GELU, int GU = 6> struct gm_cfg {
 	static constexpr int A_BYTES = WM * GM_BK * 2;
 	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
-	static constexpr int STAGES = GM_SMEM_RING / STAGE_BYTES;
+	static constexpr int UNITS = GELU ? GU : (WM / 64) * (BN / 64);
+	static constexpr int UNIT_BYTES = 2 * UNITS * GM_UNIT;
+	static constexpr int FIT = (GM_SMEM_MAX - 1024 - 256 - UNIT_BYTES) / STAGE_BYTES;
+	static constexpr int STAGES = FIT > 6 ? 6 : FIT;
 	static constexpr int RING = STAGES * STAGE_BYTES;
 	/* the ring, each consumer's epilogue units, 1024 bytes to align them, the barriers */
-	static constexpr int SMEM = RING + 2 * GM_UNITS * GM_UNIT + 1024 + 2 * STAGES * 8;
+	static constexpr int SMEM = RING + UNIT_BYTES + 1024 + 2 * STAGES * 8;
+	static_assert(STAGES >= 2, "the ring needs two stages");
+	static_assert(SMEM <= GM_SMEM_MAX, "shared memory");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -219,14 +229,14 @@ static __device__ __forceinline__ float gelu_(float x)
 }
 #endif /* GM_SM90A */
 
-template <int WM, int BN, int GELU>
+template <int WM, int BN, int GELU, int GU = 6>
 static __global__ void __launch_bounds__(GM_THREADS, 1)
 gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
 	const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
 	const __nv_bfloat16 *bias, int M, int N, int K)
 {
 #ifdef GM_SM90A
-	typedef gm_cfg<WM, BN> C;
+	typedef gm_cfg<WM, BN, GELU, GU> C;
 	constexpr int S = C::STAGES;
 	extern __shared__ unsigned char smem_raw_[];
 	unsigned char *ring = (unsigned char *)(((uintptr_t)smem_raw_ + 1023) & ~(uintptr_t)1023);
@@ -265,7 +275,7 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		const int c = wg - 1, warp = t / 32, lane = t % 32;
 		float d[WM / 64][BN / 2];
-		unsigned char *units = ring + C::RING + c * GM_UNITS * GM_UNIT;
+		unsigned char *units = ring + C::RING + c * C::UNITS * GM_UNIT;
 		int local = c, unit = 0;
 		for (int tile = blockIdx.x + c * gridDim.x; tile < tiles;
 		     tile += 2 * gridDim.x, local += 2) {
@@ -335,9 +345,9 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 				for (int h = 0; h < WM / 64; h++) {
 #pragma unroll
 					for (int b = 0; b < BN / 64; b++, unit++) {
-						unsigned char *u = units + (unit % GM_UNITS) * GM_UNIT;
+						unsigned char *u = units + (unit % C::UNITS) * GM_UNIT;
 						if (t == 0) /* the store that last read u is done with it */
-							bulk_wait_read_<GM_UNITS - 1>();
+							bulk_wait_read_<C::UNITS - 1>();
 						wg_sync_(3 + c);
 #pragma unroll
 						for (int jj = 0; jj < 8; jj++) {
@@ -441,18 +451,25 @@ extern "C" int ng_gemm_sm90_available(void)
 	return device_sm90_(&sms) && built_sm90a_();
 }
 
-template <int WM, int BN, int GELU>
+template <int WM, int BN, int GELU, int GU = 6>
 static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, const CUtensorMap *to,
 			      const CUtensorMap *tx, const __nv_bfloat16 *bias, int M, int N, int K,
 			      int sms, cudaStream_t s)
 {
-	typedef gm_cfg<WM, BN> C;
-	enum ng_status st = ng_ensure_smem_(gm_fwd_<WM, BN, GELU>, C::SMEM);
+	typedef gm_cfg<WM, BN, GELU, GU> C;
+	if (GELU && WM == 128 && GU == 6) { /* experiment: NG_GEMM_GELU_UNITS=4|8 */
+		const char *e = getenv("NG_GEMM_GELU_UNITS");
+		if (e && atoi(e) == 4)
+			return launch_<WM, BN, GELU, 4>(ta, tw, to, tx, bias, M, N, K, sms, s);
+		if (e && atoi(e) == 8)
+			return launch_<WM, BN, GELU, 8>(ta, tw, to, tx, bias, M, N, K, sms, s);
+	}
+	enum ng_status st = ng_ensure_smem_(gm_fwd_<WM, BN, GELU, GU>, C::SMEM);
 	if (st)
 		return st;
 	const long long tiles = (long long)((M + WM - 1) / WM) * ((N + BN - 1) / BN);
 	const int grid = tiles < sms ? (int)tiles : sms;
-	gm_fwd_<WM, BN, GELU><<<grid, GM_THREADS, C::SMEM, s>>>(*ta, *tw, *to, *tx, bias, M, N, K);
+	gm_fwd_<WM, BN, GELU, GU><<<grid, GM_THREADS, C::SMEM, s>>>(*ta, *tw, *to, *tx, bias, M, N, K);
 	return NG_LAUNCH_CHECK("gm_fwd_");
 }
 

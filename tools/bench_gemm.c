@@ -10,7 +10,7 @@
  * values). The own kernel's outputs are compared with cuBLASLt's: the largest difference
  * relative to the largest output, which two correct bf16 results keep near a bf16 ulp.
  *
- * Usage: bench_gemm [d12|d24|d48 ...]   (all three by default)
+ * Usage: bench_gemm [--fc] [d12|d24|d48 ...]   (all three by default; --fc: the fc matmul only)
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +22,8 @@
 #include "kernels/gemm_sm90.h"
 #include "kernels/matmul.h"
 #include "util/rng.h"
+
+static int only_fc; /* --fc: the fc matmul alone */
 
 struct bufs {
 	void *a, *w, *bias, *out, *aux, *out2, *aux2, *ws;
@@ -145,6 +147,8 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 	int rc = 0;
 	for (int i = 0; i < 4 && !rc; i++) {
 		const int OC = mms[i].OC, IC = mms[i].IC;
+		if (only_fc && !mms[i].gelu)
+			continue;
 		if (fill_(b.a, (size_t)M * IC, 1.0, &r) || fill_(b.w, (size_t)OC * IC, 1.0 / sqrt(IC), &r) ||
 		    fill_(b.bias, (size_t)OC, 0.5, &r))
 			return 1;
@@ -211,6 +215,8 @@ int main(int argc, char **argv)
 	struct { const char *name; int B, C, L; } cfg[] = {
 		{ "d12", 64, 768, 12 }, { "d24", 32, 1024, 24 }, { "d48", 16, 1600, 48 } };
 	int rc = 0;
+	if (argc > 1 && !strcmp(argv[1], "--fc"))
+		only_fc = 1, argc--, argv++;
 	for (int i = 0; i < 3 && !rc; i++) {
 		int want = argc < 2;
 		for (int a = 1; a < argc; a++)
