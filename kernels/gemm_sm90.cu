@@ -135,6 +135,34 @@ static __device__ __forceinline__ void wg_sync_(int id)
 	asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
+/* The same box into this shared-memory offset of both blocks of the cluster (mask 0b11); each
+ * block's barrier at bar's offset gets the bytes written into that block. */
+static __device__ __forceinline__ void tma_load_mc2_(void *dst, const CUtensorMap *map, int c0,
+						     int c1, uint64_t *bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+		     ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+		     ::"r"(smem_u32_(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32_(bar)),
+		     "h"((uint16_t)3) : "memory");
+}
+
+/* Arrive on the barrier at bar's offset in block `peer` of the cluster. */
+static __device__ __forceinline__ void mbar_arrive_peer_(uint64_t *bar, unsigned peer)
+{
+	uint32_t remote;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32_(bar)),
+		     "r"(peer));
+	asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+		     : "memory");
+}
+
+/* Every thread of every block of the cluster. */
+static __device__ __forceinline__ void cluster_sync_(void)
+{
+	asm volatile("barrier.cluster.arrive.release.aligned;\n"
+		     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 /* wgmma's shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart. */
 static __device__ __forceinline__ uint64_t desc_(uint32_t saddr)
 {
@@ -222,6 +250,18 @@ static __device__ __forceinline__ void wgmma_n256_(float *d, uint64_t da, uint64
 		     : "l"(da), "l"(db), "r"(acc));
 }
 
+/* A consumer warp is done reading a stage (its wgmma waited): lane 0 tells this block's
+ * producer and, with clusters, the other block's, whose copy writes into this stage too. */
+template <int CL>
+static __device__ __forceinline__ void release_(uint64_t *bar, int lane, int rank)
+{
+	if (lane == 0) {
+		mbar_arrive_(bar);
+		if (CL > 1)
+			mbar_arrive_peer_(bar, rank ^ 1);
+	}
+}
+
 static __device__ __forceinline__ float gelu_(float x)
 {
 	float u = GELU_S * (x + GELU_K * x * x * x);
@@ -229,7 +269,7 @@ static __device__ __forceinline__ float gelu_(float x)
 }
 #endif /* GM_SM90A */
 
-template <int WM, int BN, int GELU, int GU = 6>
+template <int WM, int BN, int GELU, int CL, int GU = 6>
 static __global__ void __launch_bounds__(GM_THREADS, 1)
 gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
 	const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
@@ -241,34 +281,46 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 	extern __shared__ unsigned char smem_raw_[];
 	unsigned char *ring = (unsigned char *)(((uintptr_t)smem_raw_ + 1023) & ~(uintptr_t)1023);
 	uint64_t *full = (uint64_t *)(ring + S * C::STAGE_BYTES), *empty = full + S;
-	const int tiles_n = (N + BN - 1) / BN, tiles = ((M + WM - 1) / WM) * tiles_n;
+	/* Tiles: with clusters of CL = 2 blocks, the two blocks of a cluster take the two row-halves
+	 * of a (2 WM) x BN super-tile together, each loading its own A rows and half of the W rows,
+	 * which the copy engine writes into both blocks. tile st of the cluster: rows
+	 * (CL (st / tiles_n) + rank) WM, columns (st % tiles_n) BN. */
+	const int tiles_n = (N + BN - 1) / BN, tiles_m = (M + WM - 1) / WM;
+	const int stiles = (tiles_m + CL - 1) / CL * tiles_n;
+	const int rank = blockIdx.x % CL, cid = blockIdx.x / CL, ncl = gridDim.x / CL;
 	const int kbs = (K + GM_BK - 1) / GM_BK;
 	const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-	(void)M;
 
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < S; s++) {
 			mbar_init_(&full[s], 1);
-			mbar_init_(&empty[s], 128);
+			mbar_init_(&empty[s], 4 * CL); /* lane 0 of each consumer warp, of each block */
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
-	__syncthreads();
+	if (CL > 1)
+		cluster_sync_();
+	else
+		__syncthreads();
 
 	if (wg == 0) { /* the producer: one thread issues every load */
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		if (t != 0)
-			return;
-		int p = 0;
-		for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-			const int m0 = tile / tiles_n * WM, n0 = tile % tiles_n * BN;
-			for (int kb = 0; kb < kbs; kb++, p++) {
-				const int s = p % S;
-				mbar_wait_(&empty[s], ((p / S) & 1) ^ 1);
-				mbar_expect_tx_(&full[s], C::STAGE_BYTES);
-				unsigned char *a = ring + s * C::STAGE_BYTES;
-				tma_load_(a, &ta, kb * GM_BK, m0, &full[s]);
-				tma_load_(a + C::A_BYTES, &tw, kb * GM_BK, n0, &full[s]);
+		if (t == 0) {
+			int p = 0;
+			for (int st = cid; st < stiles; st += ncl) {
+				const int m0 = (st / tiles_n * CL + rank) * WM, n0 = st % tiles_n * BN;
+				for (int kb = 0; kb < kbs; kb++, p++) {
+					const int s = p % S;
+					mbar_wait_(&empty[s], ((p / S) & 1) ^ 1);
+					mbar_expect_tx_(&full[s], C::STAGE_BYTES);
+					unsigned char *a = ring + s * C::STAGE_BYTES;
+					tma_load_(a, &ta, kb * GM_BK, m0, &full[s]);
+					if (CL == 1)
+						tma_load_(a + C::A_BYTES, &tw, kb * GM_BK, n0, &full[s]);
+					else
+						tma_load_mc2_(a + C::A_BYTES + rank * (BN / 2) * 128, &tw,
+							      kb * GM_BK, n0 + rank * (BN / 2), &full[s]);
+				}
 			}
 		}
 	} else { /* a consumer: every other tile of the block */
@@ -277,9 +329,8 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 		float d[WM / 64][BN / 2];
 		unsigned char *units = ring + C::RING + c * C::UNITS * GM_UNIT;
 		int local = c, unit = 0;
-		for (int tile = blockIdx.x + c * gridDim.x; tile < tiles;
-		     tile += 2 * gridDim.x, local += 2) {
-			const int m0 = tile / tiles_n * WM, n0 = tile % tiles_n * BN;
+		for (int st = cid + c * ncl; st < stiles; st += 2 * ncl, local += 2) {
+			const int m0 = (st / tiles_n * CL + rank) * WM, n0 = st % tiles_n * BN;
 			const int p0 = local * kbs;
 			/* Ping-pong order: this mainloop starts once the other consumer's previous one
 			 * has made all its waits. Without it this warpgroup would wait on a stage two
@@ -306,12 +357,12 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 				wgmma_commit_();
 				if (kb > 0) { /* the previous stage's wgmma is done: release it */
 					wgmma_wait_<1>();
-					mbar_arrive_(&empty[(p - 1) % S]);
+					release_<CL>(&empty[(p - 1) % S], lane, rank);
 				}
 			}
 			wgmma_wait_<0>();
-			mbar_arrive_(&empty[(p0 + kbs - 1) % S]);
-			if (tile + gridDim.x < tiles) /* the block's next tile is the other's */
+			release_<CL>(&empty[(p0 + kbs - 1) % S], lane, rank);
+			if (st + ncl < stiles) /* the block's next tile is the other's */
 				named_arrive_(2 - c);
 
 			/* Epilogue, one 64 x 64 unit at a time: thread (warp, lane) holds rows
@@ -380,6 +431,9 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 		if (t == 0)
 			bulk_wait_all_();
 	}
+	/* No block leaves while the other may still arrive on its barriers. */
+	if (CL > 1)
+		cluster_sync_();
 #endif
 }
 
@@ -438,7 +492,7 @@ static int device_sm90_(int *sms)
 static int built_sm90a_(void)
 {
 	cudaFuncAttributes fa;
-	if (cudaFuncGetAttributes(&fa, gm_fwd_<128, 128, 1>) != cudaSuccess) {
+	if (cudaFuncGetAttributes(&fa, gm_fwd_<128, 128, 1, 1>) != cudaSuccess) {
 		cudaGetLastError();
 		return 0;
 	}
@@ -451,7 +505,7 @@ extern "C" int ng_gemm_sm90_available(void)
 	return device_sm90_(&sms) && built_sm90a_();
 }
 
-template <int WM, int BN, int GELU, int GU = 6>
+template <int WM, int BN, int GELU, int CL, int GU = 6>
 static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, const CUtensorMap *to,
 			      const CUtensorMap *tx, const __nv_bfloat16 *bias, int M, int N, int K,
 			      int sms, cudaStream_t s)
@@ -460,16 +514,43 @@ static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, cons
 	if (GELU && WM == 128 && GU == 6) { /* experiment: NG_GEMM_GELU_UNITS=4|8 */
 		const char *e = getenv("NG_GEMM_GELU_UNITS");
 		if (e && atoi(e) == 4)
-			return launch_<WM, BN, GELU, 4>(ta, tw, to, tx, bias, M, N, K, sms, s);
+			return launch_<WM, BN, GELU, CL, 4>(ta, tw, to, tx, bias, M, N, K, sms, s);
 		if (e && atoi(e) == 8)
-			return launch_<WM, BN, GELU, 8>(ta, tw, to, tx, bias, M, N, K, sms, s);
+			return launch_<WM, BN, GELU, CL, 8>(ta, tw, to, tx, bias, M, N, K, sms, s);
 	}
-	enum ng_status st = ng_ensure_smem_(gm_fwd_<WM, BN, GELU, GU>, C::SMEM);
+	void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, const __nv_bfloat16 *,
+		       int, int, int) = gm_fwd_<WM, BN, GELU, CL, GU>;
+	enum ng_status st = ng_ensure_smem_(kernel, C::SMEM);
 	if (st)
 		return st;
-	const long long tiles = (long long)((M + WM - 1) / WM) * ((N + BN - 1) / BN);
-	const int grid = tiles < sms ? (int)tiles : sms;
-	gm_fwd_<WM, BN, GELU, GU><<<grid, GM_THREADS, C::SMEM, s>>>(*ta, *tw, *to, *tx, bias, M, N, K);
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute at = {};
+	at.id = cudaLaunchAttributeClusterDimension;
+	at.val.clusterDim.x = CL;
+	at.val.clusterDim.y = 1;
+	at.val.clusterDim.z = 1;
+	cfg.blockDim = dim3(GM_THREADS);
+	cfg.dynamicSmemBytes = C::SMEM;
+	cfg.stream = s;
+	cfg.attrs = &at;
+	cfg.numAttrs = 1;
+	/* one block an SM; with clusters, as many as fit at once (the GPCs' sizes may leave some
+	 * SMs out), asked once */
+	static int fit = 0;
+	if (!fit) {
+		int n = sms / CL;
+		cfg.gridDim = dim3(CL * n);
+		if (CL > 1 && NG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg)))
+			return NG_ERR_RUNTIME;
+		if (n < 1)
+			return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: no cluster of %d blocks fits",
+				       CL);
+		fit = n;
+	}
+	const long long stiles = (long long)((M + WM * CL - 1) / (WM * CL)) * ((N + BN - 1) / BN);
+	cfg.gridDim = dim3(CL * (unsigned)(stiles < fit ? stiles : fit));
+	if (NG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, *ta, *tw, *to, *tx, bias, M, N, K)))
+		return NG_ERR_RUNTIME;
 	return NG_LAUNCH_CHECK("gm_fwd_");
 }
 
@@ -496,16 +577,21 @@ extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_
 	enum ng_status st = encode_init_();
 	if (st)
 		return st;
-	const int wm = tile == NG_GEMM_TILE_128x128 ? 128 : 64, bn = 16384 / wm;
-	/* inputs in boxes of a stage's rows x 64; outputs in 64 x 64 units */
+		/* inputs in boxes of a stage's rows x 64 (W: half of them with clusters); outputs in
+	 * 64 x 64 units */
+	const int wm = tile == NG_GEMM_TILE_64x256 ? 64 : 128, bn = 16384 / wm;
+	const int cl = tile == NG_GEMM_TILE_128x128_C2 ? 2 : 1;
 	CUtensorMap ta, tw, to, tx;
-	if ((st = encode_(&ta, inp, M, K, wm)) || (st = encode_(&tw, w, N, K, bn)) ||
+	if ((st = encode_(&ta, inp, M, K, wm)) || (st = encode_(&tw, w, N, K, bn / cl)) ||
 	    (st = encode_(&to, out, M, N, 64)) || (st = encode_(&tx, gelu ? aux : out, M, N, 64)))
 		return st;
 	const __nv_bfloat16 *b = (const __nv_bfloat16 *)bias;
 	if (tile == NG_GEMM_TILE_128x128)
-		return gelu ? launch_<128, 128, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
-			    : launch_<128, 128, 0>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
-	return gelu ? launch_<64, 256, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
-		    : launch_<64, 256, 0>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+		return gelu ? launch_<128, 128, 1, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+			    : launch_<128, 128, 0, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+	if (tile == NG_GEMM_TILE_128x128_C2)
+		return gelu ? launch_<128, 128, 1, 2>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+			    : launch_<128, 128, 0, 2>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+	return gelu ? launch_<64, 256, 1, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+		    : launch_<64, 256, 0, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
 }

@@ -42,6 +42,7 @@ extern "C" {
 enum ng_gemm_tile {
 	NG_GEMM_TILE_128x128 = 0,
 	NG_GEMM_TILE_64x256 = 1,
+	NG_GEMM_TILE_128x128_C2 = 2, /* 128x128, clusters of two blocks that share W's tile */
 	NG_GEMM_TILES
 };
 

@@ -142,6 +142,11 @@ Test(gemm_sm90, bias_one_row_64x256) { run_case_(&(struct gm_case){1, 3 * C776, 
 Test(gemm_sm90, plain_deep_k_64x256) { run_case_(&(struct gm_case){257, 264, 4 * C776, 0, 0, 1, 0.0, 0}); }
 Test(gemm_sm90, gelu_large_mean_128x128) { run_case_(&(struct gm_case){130, 1024, 256, 1, 1, 0, 3.0, 0}); }
 Test(gemm_sm90, gelu_d12_block_twice_128x128) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 0, 0.0, 1}); }
+Test(gemm_sm90, gelu_bias_edges_128x128c2) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 2, 0.0, 0}); }
+Test(gemm_sm90, bias_one_row_128x128c2) { run_case_(&(struct gm_case){1, 3 * C776, C776, 0, 1, 2, 0.0, 0}); }
+Test(gemm_sm90, plain_deep_k_128x128c2) { run_case_(&(struct gm_case){257, 264, 4 * C776, 0, 0, 2, 0.0, 0}); }
+Test(gemm_sm90, gelu_d12_block_twice_128x128c2) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 2, 0.0, 1}); }
+Test(gemm_sm90, gelu_d24_block_twice_128x128c2) { run_case_(&(struct gm_case){1536, 4096, 1024, 1, 1, 2, 1.0, 1}); }
 Test(gemm_sm90, gelu_d12_block_twice_64x256) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 1, 0.0, 1}); }
 
 /* Bad arguments fail with an input error and a message, before touching the GPU. */

@@ -158,11 +158,15 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 			fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
 			return 1;
 		}
-		struct cand c[3] = { { &mm, -1, M, OC, IC, mms[i].gelu }, { NULL, 0, M, OC, IC, mms[i].gelu },
-				     { NULL, 1, M, OC, IC, mms[i].gelu } };
-		float best[3] = { 1e30f, 1e30f, 1e30f };
+		enum { NC = 1 + NG_GEMM_TILES };
+		struct cand c[NC];
+		float best[NC];
+		for (int k = 0; k < NC; k++) {
+			c[k] = (struct cand){ k ? NULL : &mm, k - 1, M, OC, IC, mms[i].gelu };
+			best[k] = 1e30f;
+		}
 		for (int round = 0; round < 3 && !rc; round++)
-			for (int k = 0; k < 3 && !rc; k++) {
+			for (int k = 0; k < NC && !rc; k++) {
 				float ms;
 				rc = time_(&c[k], &b, ev, &ms);
 				if (!rc && ms < best[k])
@@ -173,12 +177,13 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 			break;
 		}
 		double flop = 2.0 * M * OC * IC;
-		printf("%-10s cuBLASLt %.4f (%.0f) | own 128x128 %.4f (%.0f) | own 64x256 %.4f (%.0f)",
-		       mms[i].name, best[0], flop / best[0] / 1e9, best[1], flop / best[1] / 1e9, best[2],
-		       flop / best[2] / 1e9);
+		static const char *tname[NG_GEMM_TILES] = { "128x128", "64x256", "128x128c2" };
+		printf("%-10s cuBLASLt %.4f (%.0f)", mms[i].name, best[0], flop / best[0] / 1e9);
+		for (int k = 1; k < NC; k++)
+			printf(" | %s %.4f (%.0f)", tname[k - 1], best[k], flop / best[k] / 1e9);
 		/* the outputs: cuBLASLt's into out/aux, each tile's into out2/aux2 */
 		size_t n = (size_t)M * OC;
-		for (int k = 1; k < 3 && !rc; k++) {
+		for (int k = 1; k < NC && !rc; k++) {
 			rc = run_(&c[0], &b, 0) || run_(&c[k], &b, 1) ||
 			     NG_CUDA_CHECK(cudaDeviceSynchronize());
 			if (!rc) {
@@ -188,7 +193,9 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 			}
 		}
 		printf("\n");
-		float own = best[1] < best[2] ? best[1] : best[2];
+		float own = best[1];
+		for (int k = 2; k < NC; k++)
+			own = best[k] < own ? best[k] : own;
 		*sum_lt += L * best[0];
 		*sum_own += L * (own < best[0] ? own : best[0]);
 		ng_matmul_free(&mm);
