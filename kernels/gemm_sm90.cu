@@ -17,14 +17,19 @@
  * The ring: position p = (tile's index among the block's tiles) * kblocks + kb; stage p % S,
  * phase (p / S) & 1. full[s] completes when the stage's bytes have landed (one arrive with the
  * byte count, then the copy engine's transactions); empty[s] when the 128 threads of the
- * warpgroup that read it have finished the wgmma that read it.
+ * warpgroup that read it have finished the wgmma that read it. The consumers' mainloops take
+ * turns (named barriers 1 and 2), so neither waits on a stage two phases ahead.
+ *
+ * NG_GEMM_TILE_128x128_C2 pairs blocks in clusters of two that share W's tile: each loads half
+ * of it and the copy engine multicasts it into both; a stage is then free only when both
+ * blocks' consumers are done with it. Correct, but it measured at half the speed of the
+ * single-block tile (session 22); it stays for the next look, the plans do not use it.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "kernels/check.h"
 #include "kernels/common.cuh"
@@ -37,18 +42,19 @@
 #define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K 0.044715f
 
-/* A consumer cycles through its own epilogue units: a tile's worth without GELU, so that the
- * copy engine has a whole mainloop to read a unit before it is written again; with GELU (two
- * outputs, 2 x 4 units) six, so that only the last two units of a tile wait for stores of the
- * same epilogue, and the ring keeps four stages. The ring takes what shared memory is left, up
- * to 6 stages. */
-template <int WM, int BN, int GELU, int GU = 6> struct gm_cfg {
+/* A consumer cycles through its own epilogue units, a tile's output's worth (4): without GELU
+ * the copy engine has a whole mainloop to read a unit before it is written again; with GELU
+ * (two outputs) the second output's units wait for the first's stores. The ring takes what
+ * shared memory is left, up to 4 stages. Measured on the H200 (session 22, bench_gemm, one
+ * machine per call so only roughly): 4 stages and 4 units ran 2-7% closer to cuBLASLt than 5
+ * stages, or 4 stages with 6 units for GELU; 3 stages with 8 units was no better. */
+template <int WM, int BN, int GELU, int GU = 4> struct gm_cfg {
 	static constexpr int A_BYTES = WM * GM_BK * 2;
 	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
 	static constexpr int UNITS = GELU ? GU : (WM / 64) * (BN / 64);
 	static constexpr int UNIT_BYTES = 2 * UNITS * GM_UNIT;
 	static constexpr int FIT = (GM_SMEM_MAX - 1024 - 256 - UNIT_BYTES) / STAGE_BYTES;
-	static constexpr int STAGES = FIT > 6 ? 6 : FIT;
+	static constexpr int STAGES = FIT > 4 ? 4 : FIT;
 	static constexpr int RING = STAGES * STAGE_BYTES;
 	/* the ring, each consumer's epilogue units, 1024 bytes to align them, the barriers */
 	static constexpr int SMEM = RING + UNIT_BYTES + 1024 + 2 * STAGES * 8;
@@ -250,15 +256,17 @@ static __device__ __forceinline__ void wgmma_n256_(float *d, uint64_t da, uint64
 		     : "l"(da), "l"(db), "r"(acc));
 }
 
-/* A consumer warp is done reading a stage (its wgmma waited): lane 0 tells this block's
- * producer and, with clusters, the other block's, whose copy writes into this stage too. */
+/* A consumer thread is done reading a stage (its wgmma waited): it tells this block's
+ * producer; with clusters lane 0 of each warp tells both blocks' producers, since the other
+ * block's copy writes into this stage too. */
 template <int CL>
 static __device__ __forceinline__ void release_(uint64_t *bar, int lane, int rank)
 {
-	if (lane == 0) {
+	if (CL == 1) {
 		mbar_arrive_(bar);
-		if (CL > 1)
-			mbar_arrive_peer_(bar, rank ^ 1);
+	} else if (lane == 0) {
+		mbar_arrive_(bar);
+		mbar_arrive_peer_(bar, rank ^ 1);
 	}
 }
 
@@ -269,7 +277,7 @@ static __device__ __forceinline__ float gelu_(float x)
 }
 #endif /* GM_SM90A */
 
-template <int WM, int BN, int GELU, int CL, int GU = 6>
+template <int WM, int BN, int GELU, int CL, int GU = 4>
 static __global__ void __launch_bounds__(GM_THREADS, 1)
 gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
 	const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
@@ -294,7 +302,9 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < S; s++) {
 			mbar_init_(&full[s], 1);
-			mbar_init_(&empty[s], 4 * CL); /* lane 0 of each consumer warp, of each block */
+			/* one block: every consumer thread; clusters: lane 0 of each consumer warp of
+			 * both blocks */
+			mbar_init_(&empty[s], CL == 1 ? 128 : 4 * CL);
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
@@ -505,19 +515,12 @@ extern "C" int ng_gemm_sm90_available(void)
 	return device_sm90_(&sms) && built_sm90a_();
 }
 
-template <int WM, int BN, int GELU, int CL, int GU = 6>
+template <int WM, int BN, int GELU, int CL, int GU = 4>
 static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, const CUtensorMap *to,
 			      const CUtensorMap *tx, const __nv_bfloat16 *bias, int M, int N, int K,
 			      int sms, cudaStream_t s)
 {
 	typedef gm_cfg<WM, BN, GELU, GU> C;
-	if (GELU && WM == 128 && GU == 6) { /* experiment: NG_GEMM_GELU_UNITS=4|8 */
-		const char *e = getenv("NG_GEMM_GELU_UNITS");
-		if (e && atoi(e) == 4)
-			return launch_<WM, BN, GELU, CL, 4>(ta, tw, to, tx, bias, M, N, K, sms, s);
-		if (e && atoi(e) == 8)
-			return launch_<WM, BN, GELU, CL, 8>(ta, tw, to, tx, bias, M, N, K, sms, s);
-	}
 	void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, const __nv_bfloat16 *,
 		       int, int, int) = gm_fwd_<WM, BN, GELU, CL, GU>;
 	enum ng_status st = ng_ensure_smem_(kernel, C::SMEM);

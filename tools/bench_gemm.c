@@ -216,6 +216,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
 		return 1;
 	}
+	ctx.own_gemm = 0; /* the cuBLASLt column is cuBLASLt's alone */
 	cudaEvent_t ev[2];
 	cudaEventCreate(&ev[0]);
 	cudaEventCreate(&ev[1]);
