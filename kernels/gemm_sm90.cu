@@ -30,6 +30,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/check.h"
 #include "kernels/common.cuh"
@@ -549,6 +551,9 @@ static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, cons
 			return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: no cluster of %d blocks fits",
 				       CL);
 		fit = n;
+		if (getenv("NG_GEMM_VERBOSE")) /* session 22's look at the cluster grid */
+			fprintf(stderr, "gemm_sm90: %dx%d cluster %d: %d clusters at once (%d SMs)\n",
+				WM, BN, CL, n, sms);
 	}
 	const long long stiles = (long long)((M + WM * CL - 1) / (WM * CL)) * ((N + BN - 1) / BN);
 	cfg.gridDim = dim3(CL * (unsigned)(stiles < fit ? stiles : fit));

@@ -26,7 +26,9 @@
 #include "kernels/gemm_sm90.h"
 
 #define NG_MM_MAX_CANDIDATES 8
-#define NG_MM_OWN_TILE NG_GEMM_TILE_128x128 /* the own GEMM's candidate (bench_gemm: the fastest) */
+/* the own GEMM's candidates, after cuBLASLt's (bench_gemm: these two can win) */
+static const enum ng_gemm_tile own_tiles_[] = { NG_GEMM_TILE_128x128, NG_GEMM_TILE_128x128_C2 };
+#define NG_MM_MAX_OWN ((int)(sizeof(own_tiles_) / sizeof(own_tiles_[0])))
 #define NG_MM_SCRATCH_ALIGN 256
 
 static const char *kind_name_(enum ng_matmul_kind k)
@@ -376,7 +378,7 @@ static enum ng_status tune_alloc_(void **p, size_t bytes)
 static void take_candidate_(struct ng_matmul *mm, const cublasLtMatmulHeuristicResult_t *res,
 			    int got, int i)
 {
-	mm->own = i < got ? 0 : NG_MM_OWN_TILE + 1;
+	mm->own = i < got ? 0 : (int)own_tiles_[i - got] + 1;
 	mm->algo = res[i < got ? i : 0].algo;
 	mm->algo_ws = res[i < got ? i : 0].workspaceSize;
 }
@@ -416,7 +418,7 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 	(sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux, (const float *)t.bias,  \
 				     (const float *)t.bias, t.ws, 0)                              \
 		 : ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
-	float est[NG_MM_MAX_CANDIDATES + 1];
+	float est[NG_MM_MAX_CANDIDATES + NG_MM_MAX_OWN];
 	/* Burst pass: each candidate alone, reps launches each synchronised (the whole ranking
 	 * when ctx->tune_sustained_ms is 0, else the estimates the sustained pass sizes from). */
 	for (int i = 0; i < total; i++) {
@@ -546,8 +548,8 @@ static struct ng_matmul_choice choice_key_(const struct ng_matmul *mm,
 		for (size_t j = 0; j < sizeof(res[i].algo); j++)
 			h = (h ^ b[j]) * 1099511628211ull;
 	}
-	for (int i = 0; i < n_own; i++) /* our kernel's tile, so another kernel is timed again */
-		h = (h ^ (unsigned char)(0xA0 + NG_MM_OWN_TILE)) * 1099511628211ull;
+	for (int i = 0; i < n_own; i++) /* our kernel's tiles, so other tiles are timed again */
+		h = (h ^ (unsigned char)(0xA0 + own_tiles_[i])) * 1099511628211ull;
 	c.candidates_hash = h;
 	return c;
 }
@@ -622,7 +624,8 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	}
 	/* our own GEMM as one more candidate: bf16 FWD, timed, where it can run */
 	const int n_own = spec->autotune && ctx->own_gemm && spec->kind == NG_MATMUL_FWD &&
-			  !spec->fp8 && mm->align_bytes % 16 == 0 && ng_gemm_sm90_available();
+			  !spec->fp8 && mm->align_bytes % 16 == 0 && ng_gemm_sm90_available()
+			  ? NG_MM_MAX_OWN : 0;
 	const int total = got + n_own;
 	mm->n_candidates = total;
 	mm->chosen = 0;

@@ -50,8 +50,9 @@
  *   launch-bound), so a hand-written column-sum kernel could save at most ~0.6 ms per d12 step.
  *
  * Our own GEMM: for a bf16 FWD with autotune on an sm_90 GPU, the candidates also include
- * kernels/gemm_sm90.h's kernel (128 x 128 tiles, TMA and wgmma, the bias and GELU epilogue
- * through shared memory), timed the same way; it runs only where it is the fastest. It computes
+ * kernels/gemm_sm90.h's kernel (128 x 128 tiles alone and in clusters of two blocks; TMA and
+ * wgmma, the bias and GELU epilogue through shared memory), timed the same way; it runs only
+ * where it is the fastest. It computes
  * the same outputs (GELU in the same tanh form, the bias added to the fp32 sum, one bf16
  * rounding). Written because cuBLASLt's GELU_AUX_BIAS epilogue runs at ~500 TFLOP/s against
  * ~650 for the plain matmul (BENCHMARKS.md, session 22).
@@ -180,7 +181,7 @@ struct ng_matmul {
 	int chosen;                       /* index of the chosen one among them (0 = heuristic's) */
 	int own;                          /* 0: cuBLASLt runs; t + 1: the chosen candidate is our
 	                                   * own GEMM with enum ng_gemm_tile t, run instead */
-	float tuned_ms[9];                /* autotune: ms per candidate (0 when not timed) */
+	float tuned_ms[10];               /* autotune: ms per candidate (0 when not timed) */
 };
 
 /* Create the cuBLASLt handle. workspace_bytes: the most one matmul may use (32 MiB is plenty on
