@@ -22,16 +22,16 @@
  *
  * NG_GEMM_TILE_128x128_C2 pairs blocks in clusters of two that share W's tile: each loads half
  * of it and the copy engine multicasts it into both; a stage is then free only when both
- * blocks' consumers are done with it. Correct, but it measured at half the speed of the
- * single-block tile (session 22); it stays for the next look, the plans do not use it.
+ * blocks' consumers are done with it. The peer's release is at block scope: with a
+ * cluster-scope release the GEMM ran 1.8x slower. It then measured no faster than the
+ * single-block tile (d24 qkv 580 against 587 TFLOP/s, session 22), so W's tile in L2 is not
+ * what holds the single-block tile back; the plans do not use it.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 
 #include "kernels/check.h"
 #include "kernels/common.cuh"
@@ -551,10 +551,7 @@ static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, cons
 		if (n < 1)
 			return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: no cluster of %d blocks fits",
 				       CL);
-		fit = n;
-		if (getenv("NG_GEMM_VERBOSE")) /* session 22's look at the cluster grid */
-			fprintf(stderr, "gemm_sm90: %dx%d cluster %d: %d clusters at once (%d SMs)\n",
-				WM, BN, CL, n, sms);
+		fit = n; /* 66 clusters of two on the H200's 132 SMs (session 22) */
 	}
 	const long long stiles = (long long)((M + WM * CL - 1) / (WM * CL)) * ((N + BN - 1) / BN);
 	cfg.gridDim = dim3(CL * (unsigned)(stiles < fit ? stiles : fit));

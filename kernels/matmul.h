@@ -50,12 +50,14 @@
  *   launch-bound), so a hand-written column-sum kernel could save at most ~0.6 ms per d12 step.
  *
  * Our own GEMM: for a bf16 FWD with autotune on an sm_90 GPU, the candidates also include
- * kernels/gemm_sm90.h's kernel (128 x 128 tiles alone and in clusters of two blocks; TMA and
- * wgmma, the bias and GELU epilogue through shared memory), timed the same way; it runs only
- * where it is the fastest. It computes
+ * kernels/gemm_sm90.h's kernel (128 x 128 tiles, TMA and wgmma, the bias and GELU epilogue
+ * through shared memory), timed the same way; it runs only where it is the fastest. On the
+ * H200 it is not yet: 2-10% slower than cuBLASLt at every forward shape of d12/d24, 1-3% at
+ * the GELU one (tools/bench_gemm, session 22), so today it only costs autotune time: one more
+ * candidate per bf16 forward shape (~0.1 s each, from the 100 ms sustained pass; not measured). It computes
  * the same outputs (GELU in the same tanh form, the bias added to the fp32 sum, one bf16
  * rounding). Written because cuBLASLt's GELU_AUX_BIAS epilogue runs at ~500 TFLOP/s against
- * ~650 for the plain matmul (BENCHMARKS.md, session 22).
+ * ~650 for the plain matmul (BENCHMARKS.md, sessions 21-22).
  *
  * GELU is cuBLASLt's, and it is the tanh form of GPT-2 (tests/test_matmul.c projects the GPU
  * error onto the erf-minus-tanh difference: t = -0.01..0.06 for GELU and DGELU on the 37- and
