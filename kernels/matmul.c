@@ -23,8 +23,13 @@
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/gemm_sm90.h"
 
 #define NG_MM_MAX_CANDIDATES 8
+/* the own GEMM's candidates, after cuBLASLt's: the tile bench_gemm measured fastest of ours
+ * (the 64x256 and the clustered tiles were slower at every forward shape, session 22) */
+static const enum ng_gemm_tile own_tiles_[] = { NG_GEMM_TILE_128x128 };
+#define NG_MM_MAX_OWN ((int)(sizeof(own_tiles_) / sizeof(own_tiles_[0])))
 #define NG_MM_SCRATCH_ALIGN 256
 
 static const char *kind_name_(enum ng_matmul_kind k)
@@ -52,6 +57,8 @@ enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_by
 	ctx->tune_reps = 10;
 	ctx->tune_sustained_ms = 100.0f;
 	ctx->force_candidate = -1;
+	const char *own = getenv("NG_OWN_GEMM");
+	ctx->own_gemm = !(own && !strcmp(own, "0"));
 	ctx->dbias_colsum = 1; /* measured faster than BGRADB at every d12/d48 shape (matmul.h) */
 	return NG_OK;
 }
@@ -368,10 +375,21 @@ static enum ng_status tune_alloc_(void **p, size_t bytes)
 	return NG_OK;
 }
 
-/* Time each usable candidate; keep the fastest in mm->algo / mm->chosen. */
-static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx *ctx,
-				const cublasLtMatmulHeuristicResult_t *res, int got)
+/* Candidate i: cuBLASLt's res[i], or past them our own GEMM. */
+static void take_candidate_(struct ng_matmul *mm, const cublasLtMatmulHeuristicResult_t *res,
+			    int got, int i)
 {
+	mm->own = i < got ? 0 : (int)own_tiles_[i - got] + 1;
+	mm->algo = res[i < got ? i : 0].algo;
+	mm->algo_ws = res[i < got ? i : 0].workspaceSize;
+}
+
+/* Time each usable candidate (got of cuBLASLt's, then n_own of ours); keep the fastest in
+ * mm->chosen. */
+static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx *ctx,
+				const cublasLtMatmulHeuristicResult_t *res, int got, int n_own)
+{
+	const int total = got + n_own;
 	const struct ng_matmul_spec *sp = &mm->spec;
 	struct tune_bufs_ t = {0};
 	cudaEvent_t e0 = NULL, e1 = NULL;
@@ -401,15 +419,14 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 	(sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux, (const float *)t.bias,  \
 				     (const float *)t.bias, t.ws, 0)                              \
 		 : ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
-	float est[NG_MM_MAX_CANDIDATES];
+	float est[NG_MM_MAX_CANDIDATES + NG_MM_MAX_OWN];
 	/* Burst pass: each candidate alone, reps launches each synchronised (the whole ranking
 	 * when ctx->tune_sustained_ms is 0, else the estimates the sustained pass sizes from). */
-	for (int i = 0; i < got; i++) {
+	for (int i = 0; i < total; i++) {
 		float ms[32];
 		int nr = reps < 32 ? reps : 32, ok = 1;
 		est[i] = -1.0f;
-		mm->algo = res[i].algo;
-		mm->algo_ws = res[i].workspaceSize;
+		take_candidate_(mm, res, got, i);
 		layout_workspace_(mm);
 		for (int r = -1; r < nr && ok; r++) { /* r = -1: warm-up, not timed */
 			cudaEventRecord(e0, 0);
@@ -436,13 +453,12 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 	 * tune_sustained_ms between two events, no synchronisation inside. */
 	if (ctx->tune_sustained_ms > 0.0f) {
 		for (int pass = 0; pass < 2; pass++) /* pass 0: heat with the first runnable one */
-			for (int i = 0; i < got; i++) {
+			for (int i = 0; i < total; i++) {
 				if (est[i] <= 0.0f)
 					continue;
 				int k = (int)((pass ? 1.0f : 2.0f) * ctx->tune_sustained_ms / est[i]);
 				k = k < 4 ? 4 : k > 100000 ? 100000 : k;
-				mm->algo = res[i].algo;
-				mm->algo_ws = res[i].workspaceSize;
+				take_candidate_(mm, res, got, i);
 				layout_workspace_(mm);
 				int ok = 1;
 				for (int r = 0; r < 2 && ok; r++) /* after a switch: not timed */
@@ -467,11 +483,10 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 			}
 	}
 #undef TUNE_RUN_
-	for (int i = 0; i < got; i++) {
+	for (int i = 0; i < total; i++) {
 		if (est[i] <= 0.0f)
 			continue;
-		if (i < NG_MM_MAX_CANDIDATES)
-			mm->tuned_ms[i] = est[i];
+		mm->tuned_ms[i] = est[i];
 		if (best < 0.0f || est[i] < best) {
 			best = est[i];
 			mm->chosen = i;
@@ -514,10 +529,12 @@ static enum ng_status describe_(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	return heuristic_(ctx, mm->desc, l, &mm->spec, "", res, want, got);
 }
 
-/* The choice's key for the candidates res[0..got) of mm (chosen and ms not set). */
+/* The choice's key for the candidates res[0..got) of mm and n_own of our own GEMM after them
+ * (chosen and ms not set). */
 static struct ng_matmul_choice choice_key_(const struct ng_matmul *mm,
 					   const struct ng_matmul_ctx *ctx,
-					   const cublasLtMatmulHeuristicResult_t *res, int got)
+					   const cublasLtMatmulHeuristicResult_t *res, int got,
+					   int n_own)
 {
 	struct ng_matmul_choice c;
 	memset(&c, 0, sizeof(c));
@@ -525,13 +542,15 @@ static struct ng_matmul_choice choice_key_(const struct ng_matmul *mm,
 	c.align_bytes = mm->align_bytes;
 	c.workspace_bytes = ctx->workspace_bytes;
 	c.colsum = mm->colsum;
-	c.n_candidates = got;
+	c.n_candidates = got + n_own;
 	uint64_t h = 14695981039346656037ull; /* FNV-1a, 64 bits */
 	for (int i = 0; i < got; i++) {
 		const unsigned char *b = (const unsigned char *)&res[i].algo;
 		for (size_t j = 0; j < sizeof(res[i].algo); j++)
 			h = (h ^ b[j]) * 1099511628211ull;
 	}
+	for (int i = 0; i < n_own; i++) /* our kernel's tiles, so other tiles are timed again */
+		h = (h ^ (unsigned char)(0xA0 + own_tiles_[i])) * 1099511628211ull;
 	c.candidates_hash = h;
 	return c;
 }
@@ -604,18 +623,23 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 			return st;
 		ng_clear_error();
 	}
-	mm->n_candidates = got;
+	/* our own GEMM as one more candidate: bf16 FWD, timed, where it can run */
+	const int n_own = spec->autotune && ctx->own_gemm && spec->kind == NG_MATMUL_FWD &&
+			  !spec->fp8 && mm->align_bytes % 16 == 0 && ng_gemm_sm90_available()
+			  ? NG_MM_MAX_OWN : 0;
+	const int total = got + n_own;
+	mm->n_candidates = total;
 	mm->chosen = 0;
 	if (spec->autotune && ctx->force_candidate >= 0) {
-		mm->chosen = ctx->force_candidate < got ? ctx->force_candidate : got - 1;
-	} else if (spec->autotune && got > 1) {
-		struct ng_matmul_choice key = choice_key_(mm, ctx, res, got);
+		mm->chosen = ctx->force_candidate < total ? ctx->force_candidate : total - 1;
+	} else if (spec->autotune && total > 1) {
+		struct ng_matmul_choice key = choice_key_(mm, ctx, res, got, n_own);
 		const struct ng_matmul_choice *known = find_choice_(ctx, &key);
 		if (known) {
 			mm->chosen = known->chosen;
 			ctx->choices_reused++;
 		} else {
-			if ((st = autotune_(mm, ctx, res, got)))
+			if ((st = autotune_(mm, ctx, res, got, n_own)))
 				goto out_fail;
 			key.chosen = mm->chosen;
 			key.ms = mm->tuned_ms[mm->chosen];
@@ -624,8 +648,7 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 			ctx->choices_made++;
 		}
 	}
-	mm->algo = res[mm->chosen].algo;
-	mm->algo_ws = res[mm->chosen].workspaceSize;
+	take_candidate_(mm, res, got, mm->chosen);
 	layout_workspace_(mm);
 	return NG_OK;
 out_fail:
@@ -672,6 +695,9 @@ static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a,
 		if (!mm->colsum)
 			bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
 	}
+	if (mm->own) /* our own GEMM (FWD, bf16): the same outputs, no workspace */
+		return ng_gemm_sm90_fwd(out, sp->gelu ? aux : NULL, a, b, bias_ptr, sp->N, sp->OC,
+					sp->IC, sp->gelu, (enum ng_gemm_tile)(mm->own - 1), s);
 	if (bias_ptr && set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
 				  sizeof(bias_ptr)))
 		return NG_ERR_RUNTIME;

@@ -49,6 +49,16 @@
  *   (d12 qkv 0.077 ms vs a 0.071 ms floor, fc 0.112 vs 0.094; narrow OC = C shapes are
  *   launch-bound), so a hand-written column-sum kernel could save at most ~0.6 ms per d12 step.
  *
+ * Our own GEMM: for a bf16 FWD with autotune on an sm_90 GPU, the candidates also include
+ * kernels/gemm_sm90.h's kernel (128 x 128 tiles, TMA and wgmma, the bias and GELU epilogue
+ * through shared memory), timed the same way; it runs only where it is the fastest. On the
+ * H200 it is not yet: 2-10% slower than cuBLASLt at every forward shape of d12/d24, 1-3% at
+ * the GELU one (tools/bench_gemm, session 22), so today it only costs autotune time: one more
+ * candidate per bf16 forward shape (~0.1 s each, from the 100 ms sustained pass; not measured). It computes
+ * the same outputs (GELU in the same tanh form, the bias added to the fp32 sum, one bf16
+ * rounding). Written because cuBLASLt's GELU_AUX_BIAS epilogue runs at ~500 TFLOP/s against
+ * ~650 for the plain matmul (BENCHMARKS.md, sessions 21-22).
+ *
  * GELU is cuBLASLt's, and it is the tanh form of GPT-2 (tests/test_matmul.c projects the GPU
  * error onto the erf-minus-tanh difference: t = -0.01..0.06 for GELU and DGELU on the 37- and
  * 111-row cases, -0.32 on the noisier 1-row DGELU case; the erf form would give 1). DGELU's aux is an INPUT of D's shape (the forward pre-activation), the
@@ -99,7 +109,11 @@ struct ng_matmul_ctx {
 	int dbias_colsum;          /* DW + bias: 1 = a separate column-sum matmul instead of the
 	                            * BGRADB epilogue (0 by default; see "Bias gradient") */
 	int force_candidate;       /* tools' hook: >= 0 with autotune takes that heuristic candidate
-	                            * untimed (when it exists); -1 (the default): not used */
+	                            * untimed (when it exists; past the last, the last: our own
+	                            * GEMM where it is a candidate); -1 (the default): not used */
+	int own_gemm;              /* autotune of a bf16 FWD also times our own Hopper GEMM
+	                            * (kernels/gemm_sm90.h) where it can run: 1 (the default; the
+	                            * environment's NG_OWN_GEMM=0 makes it 0), 0 never */
 	struct ng_matmul_choice *choices; /* autotune choices known (see "Choices kept") */
 	int n_choices, cap_choices;
 	int choices_made;          /* timed by this ctx (what ng_matmul_choices_save adds) */
@@ -164,9 +178,12 @@ struct ng_matmul {
 	unsigned align_bytes;             /* pointer alignment checked at run */
 	int m, n, k;                      /* cuBLASLt's problem size (see the table above) */
 	float beta;                       /* 0, or 1 when DW accumulates */
-	int n_candidates;                 /* heuristic results considered */
+	int n_candidates;                 /* candidates considered: the heuristic's results, then
+	                                   * our own GEMM's tile where it is one (see own_gemm) */
 	int chosen;                       /* index of the chosen one among them (0 = heuristic's) */
-	float tuned_ms[8];                /* autotune: median ms per candidate (0 when not timed) */
+	int own;                          /* 0: cuBLASLt runs; t + 1: the chosen candidate is our
+	                                   * own GEMM with enum ng_gemm_tile t, run instead */
+	float tuned_ms[10];               /* autotune: ms per candidate (0 when not timed) */
 };
 
 /* Create the cuBLASLt handle. workspace_bytes: the most one matmul may use (32 MiB is plenty on

@@ -202,8 +202,12 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, "autotune: off (--deterministic: a timed choice could differ between "
 			"two runs)\n");
 	if (e->cfg.autotune) {
-		fprintf(log, "autotune: %d matmul shape(s) timed, %d choice(s) reused",
-			e->mmctx.choices_made, e->mmctx.choices_reused);
+		int own = 0;
+		for (int i = 0; i < e->n_plans; i++)
+			own += e->plans[i].mm.own != 0;
+		fprintf(log, "autotune: %d matmul shape(s) timed, %d choice(s) reused, %d of %d "
+			"plans on our own GEMM", e->mmctx.choices_made, e->mmctx.choices_reused, own,
+			e->n_plans);
 		if (e->tune_cache_path[0])
 			fprintf(log, " | kept in %s", e->tune_cache_path);
 		fprintf(log, "\n");

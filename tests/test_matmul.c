@@ -24,6 +24,7 @@
 
 #include "graph/cpu_ops.h"
 #include "kernels/check.h"
+#include "kernels/gemm_sm90.h"
 #include "kernels/matmul.h"
 #include "kernels/types.h"
 #include "tests/kernel_testing.h"
@@ -41,6 +42,7 @@ struct mm_case {
 	double mean;     /* mean of the activation inputs (large-mean case) */
 	int determinism; /* run the whole case twice, compare the output bytes */
 	int colsum;      /* DW bias: 1 the column-sum matmul, 0 the BGRADB epilogue */
+	int own;         /* FWD: force our own GEMM's candidate (kernels/gemm_sm90.h) */
 };
 
 static float round_bf16_(float f) { return kt_bf16_to_f32(kt_f32_to_bf16(f)); }
@@ -257,7 +259,17 @@ static void run_case_(const struct mm_case *c)
 				    c->autotune, 0};
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	ctx.dbias_colsum = c->colsum;
+	if (c->own) {
+		if (!ng_gemm_sm90_available())
+			cr_skip_test("not an sm_90 GPU (or no sm_90a build): no own GEMM to test");
+		ctx.own_gemm = 1;
+		ctx.force_candidate = 1000; /* past cuBLASLt's: ours */
+		sp.autotune = 1;
+	}
 	cr_assert(!ng_matmul_plan(&mm, &ctx, &sp), "%s", ng_error_message());
+	if (c->own)
+		cr_assert(mm.own != 0, "the plan did not take our own GEMM (%d candidates)",
+			  mm.n_candidates);
 	if (dw && c->bias)
 		cr_log_info("DW N=%d IC=%d OC=%d acc %d: bias gradient by %s", c->N, c->IC, c->OC,
 			    c->accumulate, mm.colsum ? "column-sum matmul" : "BGRADB");
@@ -368,23 +380,28 @@ static void run_case_(const struct mm_case *c)
 
 #define C776 776
 #define VP 50304
-/*                                     kind          N    IC     OC  gelu bias acc tune calls off mean det colsum */
-Test(matmul, fwd_bias_n1) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 0, 1, 0, 0.0, 0, 0}); }
-Test(matmul, fwd_gelu_bias_large_mean) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, 4 * C776, 1, 1, 0, 0, 1, 0, 3.0, 1, 0}); }
-Test(matmul, fwd_gelu_bias_offset16) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 0, 1, 16, 0.0, 0, 0}); }
-Test(matmul, fwd_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
-Test(matmul, fwd_gelu_autotune) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 64, 256, 1024, 1, 0, 0, 1, 1, 0, 0.0, 0, 0}); }
-Test(matmul, dinp_plain) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, C776, 3 * C776, 0, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
-Test(matmul, dinp_dgelu) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1, 0}); }
-Test(matmul, dinp_dgelu_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
-Test(matmul, dinp_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0}); }
-Test(matmul, dw_bias_accumulate) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 0, 2, 0, 0.0, 1, 0}); }
-Test(matmul, dw_bias_accumulate_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, C776, 4 * C776, 0, 1, 1, 0, 2, 0, 0.0, 0, 0}); }
-Test(matmul, dw_bias_accumulate_offset16_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 96, 4 * C776, C776, 0, 1, 1, 1, 2, 16, 1.0, 0, 0}); }
-Test(matmul, dw_head_accumulate_vp) { run_case_(&(struct mm_case){NG_MATMUL_DW, 24, C776, VP, 0, 0, 1, 0, 2, 0, 0.0, 0, 0}); }
-Test(matmul, dw_colsum_accumulate_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 1, 2, 0, 0.0, 1, 1}); }
-Test(matmul, dw_colsum_overwrite_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, 4 * C776, C776, 0, 1, 0, 0, 2, 16, 0.0, 0, 1}); }
-Test(matmul, dw_bias_overwrite) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, 4 * C776, C776, 0, 1, 0, 0, 2, 0, 0.0, 0, 0}); }
+/*                                     kind          N    IC     OC  gelu bias acc tune calls off mean det colsum own */
+Test(matmul, fwd_bias_n1) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
+Test(matmul, fwd_gelu_bias_large_mean) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, 4 * C776, 1, 1, 0, 0, 1, 0, 3.0, 1, 0, 0}); }
+Test(matmul, fwd_gelu_bias_offset16) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 0, 1, 16, 0.0, 0, 0, 0}); }
+/* our own GEMM through the plan, the same checks (FWD only) */
+Test(matmul, fwd_gelu_bias_large_mean_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, 4 * C776, 1, 1, 0, 1, 1, 0, 3.0, 1, 0, 1}); }
+Test(matmul, fwd_gelu_bias_offset16_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 1, 1, 16, 0.0, 0, 0, 1}); }
+Test(matmul, fwd_bias_n1_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 1, 1, 0, 0.0, 0, 0, 1}); }
+Test(matmul, fwd_head_vp_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 1, 1, 0, 0.0, 1, 0, 1}); }
+Test(matmul, fwd_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
+Test(matmul, fwd_gelu_autotune) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 64, 256, 1024, 1, 0, 0, 1, 1, 0, 0.0, 0, 0, 0}); }
+Test(matmul, dinp_plain) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, C776, 3 * C776, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
+Test(matmul, dinp_dgelu) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1, 0, 0}); }
+Test(matmul, dinp_dgelu_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
+Test(matmul, dinp_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
+Test(matmul, dw_bias_accumulate) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 0, 2, 0, 0.0, 1, 0, 0}); }
+Test(matmul, dw_bias_accumulate_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, C776, 4 * C776, 0, 1, 1, 0, 2, 0, 0.0, 0, 0, 0}); }
+Test(matmul, dw_bias_accumulate_offset16_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 96, 4 * C776, C776, 0, 1, 1, 1, 2, 16, 1.0, 0, 0, 0}); }
+Test(matmul, dw_head_accumulate_vp) { run_case_(&(struct mm_case){NG_MATMUL_DW, 24, C776, VP, 0, 0, 1, 0, 2, 0, 0.0, 0, 0, 0}); }
+Test(matmul, dw_colsum_accumulate_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 1, 2, 0, 0.0, 1, 1, 0}); }
+Test(matmul, dw_colsum_overwrite_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, 4 * C776, C776, 0, 1, 0, 0, 2, 16, 0.0, 0, 1, 0}); }
+Test(matmul, dw_bias_overwrite) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, 4 * C776, C776, 0, 1, 0, 0, 2, 0, 0.0, 0, 0, 0}); }
 
 Test(matmul, bad_inputs_fail_cleanly)
 {

@@ -1,0 +1,603 @@
+/*
+ * kernels/gemm_sm90.cu — the Hopper GEMM of gemm_sm90.h: TMA loads into a ring of shared-memory
+ * stages, wgmma in two consumer warpgroups that take alternate tiles ("ping-pong": one writes its
+ * epilogue while the other multiplies), a persistent grid.
+ *
+ * References (facts, not code): PTX ISA 8.x, "wgmma.mma_async" (shared-memory matrix
+ * descriptor: start address, leading/stride byte offsets, swizzle mode; the accumulator
+ * fragment layout), "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"; CUDA driver API
+ * cuTensorMapEncodeTiled. The ping-pong schedule is the one CUTLASS names
+ * KernelTmaWarpSpecializedPingpong.
+ *
+ * Shared memory of a stage: A (WM rows x 64 bf16) then W (BN rows x 64 bf16), each row 128
+ * bytes, rows swizzled in groups of 8 (1024 bytes) by the copy engine's 128-byte mode, which is
+ * the layout wgmma's K-major 128-byte-swizzle descriptor reads (stride between 8-row groups
+ * 1024 bytes; the k = 16 slices start 32 bytes apart inside the swizzled row).
+ *
+ * The ring: position p = (tile's index among the block's tiles) * kblocks + kb; stage p % S,
+ * phase (p / S) & 1. full[s] completes when the stage's bytes have landed (one arrive with the
+ * byte count, then the copy engine's transactions); empty[s] when the 128 threads of the
+ * warpgroup that read it have finished the wgmma that read it. The consumers' mainloops take
+ * turns (named barriers 1 and 2), so neither waits on a stage two phases ahead.
+ *
+ * NG_GEMM_TILE_128x128_C2 pairs blocks in clusters of two that share W's tile: each loads half
+ * of it and the copy engine multicasts it into both; a stage is then free only when both
+ * blocks' consumers are done with it. The peer's release is at block scope: with a
+ * cluster-scope release the GEMM ran 1.8x slower. It then measured no faster than the
+ * single-block tile (d24 qkv 580 against 587 TFLOP/s, session 22), so W's tile in L2 is not
+ * what holds the single-block tile back; the plans do not use it.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/check.h"
+#include "kernels/common.cuh"
+#include "kernels/gemm_sm90.h"
+
+#define GM_BK 64          /* k of a stage: one 128-byte swizzled row of bf16 */
+#define GM_THREADS 384    /* the producer warpgroup and two consumer warpgroups */
+#define GM_SMEM_MAX (227 * 1024) /* dynamic shared memory a block may have on sm_90 */
+#define GM_UNIT 8192      /* an epilogue unit: 64 rows x 64 bf16, 128-byte swizzled, one store box */
+#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K 0.044715f
+
+/* A consumer cycles through its own epilogue units, a tile's output's worth (4): without GELU
+ * the copy engine has a whole mainloop to read a unit before it is written again; with GELU
+ * (two outputs) the second output's units wait for the first's stores. The ring takes what
+ * shared memory is left, up to 4 stages. Measured on the H200 (session 22, bench_gemm, one
+ * machine per call so only roughly): 4 stages and 4 units ran 2-7% closer to cuBLASLt than 5
+ * stages, or 4 stages with 6 units for GELU; 3 stages with 8 units was no better. */
+template <int WM, int BN, int GELU, int GU = 4> struct gm_cfg {
+	static constexpr int A_BYTES = WM * GM_BK * 2;
+	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
+	static constexpr int UNITS = GELU ? GU : (WM / 64) * (BN / 64);
+	static constexpr int UNIT_BYTES = 2 * UNITS * GM_UNIT;
+	static constexpr int FIT = (GM_SMEM_MAX - 1024 - 256 - UNIT_BYTES) / STAGE_BYTES;
+	static constexpr int STAGES = FIT > 4 ? 4 : FIT;
+	static constexpr int RING = STAGES * STAGE_BYTES;
+	/* the ring, each consumer's epilogue units, 1024 bytes to align them, the barriers */
+	static constexpr int SMEM = RING + UNIT_BYTES + 1024 + 2 * STAGES * 8;
+	static_assert(STAGES >= 2, "the ring needs two stages");
+	static_assert(SMEM <= GM_SMEM_MAX, "shared memory");
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GM_SM90A 1
+#endif
+
+#ifdef GM_SM90A
+static __device__ __forceinline__ uint32_t smem_u32_(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void mbar_init_(uint64_t *bar, unsigned count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32_(bar)), "r"(count));
+}
+
+static __device__ __forceinline__ void mbar_expect_tx_(uint64_t *bar, unsigned bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32_(bar)),
+		     "r"(bytes) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_arrive_(uint64_t *bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32_(bar)) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_wait_(uint64_t *bar, unsigned parity)
+{
+	uint32_t done = 0;
+	while (!done)
+		asm volatile("{\n.reg .pred p;\n"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+			     "selp.u32 %0, 1, 0, p;\n}\n"
+			     : "=r"(done) : "r"(smem_u32_(bar)), "r"(parity) : "memory");
+}
+
+/* One 2-D box of the tensor map into shared memory; completes on bar. c0 is the inner (k)
+ * coordinate, c1 the row. */
+static __device__ __forceinline__ void tma_load_(void *dst, const CUtensorMap *map, int c0, int c1,
+						 uint64_t *bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%2, %3}], [%4];"
+		     ::"r"(smem_u32_(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32_(bar))
+		     : "memory");
+}
+
+/* One 64 x 64 box from shared memory to the tensor map's matrix at (c0 = column, c1 = row);
+ * the copy engine skips what lies past the matrix's edges. */
+static __device__ __forceinline__ void tma_store_(const CUtensorMap *map, const void *src, int c0,
+						  int c1)
+{
+	asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+		     ::"l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32_(src)) : "memory");
+}
+static __device__ __forceinline__ void bulk_commit_(void)
+{
+	asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+/* until at most N of this thread's store groups still read shared memory */
+template <int N> static __device__ __forceinline__ void bulk_wait_read_(void)
+{
+	asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void bulk_wait_all_(void)
+{
+	asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+/* ordinary shared-memory stores, then read by the copy engine */
+static __device__ __forceinline__ void fence_async_smem_(void)
+{
+	asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* a barrier of one warpgroup (ids 3 and 4) */
+static __device__ __forceinline__ void wg_sync_(int id)
+{
+	asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
+/* The same box into this shared-memory offset of both blocks of the cluster (mask 0b11); each
+ * block's barrier at bar's offset gets the bytes written into that block. */
+static __device__ __forceinline__ void tma_load_mc2_(void *dst, const CUtensorMap *map, int c0,
+						     int c1, uint64_t *bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+		     ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+		     ::"r"(smem_u32_(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32_(bar)),
+		     "h"((uint16_t)3) : "memory");
+}
+
+/* Arrive on the barrier at bar's offset in block `peer` of the cluster (release at the
+ * default, block scope: what it orders is this warp's wgmma reads, already waited for; the
+ * cluster-scope release measured ~1.8x slower for the whole GEMM in session 22). */
+static __device__ __forceinline__ void mbar_arrive_peer_(uint64_t *bar, unsigned peer)
+{
+	uint32_t remote;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32_(bar)),
+		     "r"(peer));
+	asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+/* Every thread of every block of the cluster. */
+static __device__ __forceinline__ void cluster_sync_(void)
+{
+	asm volatile("barrier.cluster.arrive.release.aligned;\n"
+		     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* wgmma's shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart. */
+static __device__ __forceinline__ uint64_t desc_(uint32_t saddr)
+{
+	return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) |
+	       ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* Named barriers 1 and 2 (0 is __syncthreads'), between the two consumer warpgroups: one
+ * arrives (not waiting), the other syncs; 256 threads complete it. */
+static __device__ __forceinline__ void named_sync_(int id)
+{
+	asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+static __device__ __forceinline__ void named_arrive_(int id)
+{
+	asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
+}
+
+static __device__ __forceinline__ void wgmma_fence_(void)
+{
+	asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_commit_(void)
+{
+	asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void wgmma_wait_(void)
+{
+	asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+/* d (64 x 128 fp32, wgmma's accumulator layout) = (acc ? d : 0) + A (64 x 16) B (128 x 16)^T;
+ * A and B bf16 in shared memory, K-major, 128-byte swizzle. Generated text: 64 operands. */
+static __device__ __forceinline__ void wgmma_n128_(float *d, uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+		     "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+		       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+		       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+		       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+		       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		     : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d (64 x 256 fp32, wgmma's accumulator layout) = (acc ? d : 0) + A (64 x 16) B (256 x 16)^T;
+ * A and B bf16 in shared memory, K-major, 128-byte swizzle. Generated text: 128 operands. */
+static __device__ __forceinline__ void wgmma_n256_(float *d, uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+		     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+		     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+		     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+		     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+		     "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+		       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+		       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+		       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+		       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+		       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+		       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+		       "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+		       "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+		       "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+		       "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+		       "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+		       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+		     : "l"(da), "l"(db), "r"(acc));
+}
+
+/* A consumer thread is done reading a stage (its wgmma waited): it tells this block's
+ * producer; with clusters lane 0 of each warp tells both blocks' producers, since the other
+ * block's copy writes into this stage too. */
+template <int CL>
+static __device__ __forceinline__ void release_(uint64_t *bar, int lane, int rank)
+{
+	if (CL == 1) {
+		mbar_arrive_(bar);
+	} else if (lane == 0) {
+		mbar_arrive_(bar);
+		mbar_arrive_peer_(bar, rank ^ 1);
+	}
+}
+
+static __device__ __forceinline__ float gelu_(float x)
+{
+	float u = GELU_S * (x + GELU_K * x * x * x);
+	return __fdividef(x, 1.0f + __expf(-2.0f * u));
+}
+#endif /* GM_SM90A */
+
+template <int WM, int BN, int GELU, int CL, int GU = 4>
+static __global__ void __launch_bounds__(GM_THREADS, 1)
+gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
+	const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
+	const __nv_bfloat16 *bias, int M, int N, int K)
+{
+#ifdef GM_SM90A
+	typedef gm_cfg<WM, BN, GELU, GU> C;
+	constexpr int S = C::STAGES;
+	extern __shared__ unsigned char smem_raw_[];
+	unsigned char *ring = (unsigned char *)(((uintptr_t)smem_raw_ + 1023) & ~(uintptr_t)1023);
+	uint64_t *full = (uint64_t *)(ring + S * C::STAGE_BYTES), *empty = full + S;
+	/* Tiles: with clusters of CL = 2 blocks, the two blocks of a cluster take the two row-halves
+	 * of a (2 WM) x BN super-tile together, each loading its own A rows and half of the W rows,
+	 * which the copy engine writes into both blocks. tile st of the cluster: rows
+	 * (CL (st / tiles_n) + rank) WM, columns (st % tiles_n) BN. */
+	const int tiles_n = (N + BN - 1) / BN, tiles_m = (M + WM - 1) / WM;
+	const int stiles = (tiles_m + CL - 1) / CL * tiles_n;
+	const int rank = blockIdx.x % CL, cid = blockIdx.x / CL, ncl = gridDim.x / CL;
+	const int kbs = (K + GM_BK - 1) / GM_BK;
+	const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < S; s++) {
+			mbar_init_(&full[s], 1);
+			/* one block: every consumer thread; clusters: lane 0 of each consumer warp of
+			 * both blocks */
+			mbar_init_(&empty[s], CL == 1 ? 128 : 4 * CL);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+	}
+	if (CL > 1)
+		cluster_sync_();
+	else
+		__syncthreads();
+
+	if (wg == 0) { /* the producer: one thread issues every load */
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		if (t == 0) {
+			int p = 0;
+			for (int st = cid; st < stiles; st += ncl) {
+				const int m0 = (st / tiles_n * CL + rank) * WM, n0 = st % tiles_n * BN;
+				for (int kb = 0; kb < kbs; kb++, p++) {
+					const int s = p % S;
+					mbar_wait_(&empty[s], ((p / S) & 1) ^ 1);
+					mbar_expect_tx_(&full[s], C::STAGE_BYTES);
+					unsigned char *a = ring + s * C::STAGE_BYTES;
+					tma_load_(a, &ta, kb * GM_BK, m0, &full[s]);
+					if (CL == 1)
+						tma_load_(a + C::A_BYTES, &tw, kb * GM_BK, n0, &full[s]);
+					else
+						tma_load_mc2_(a + C::A_BYTES + rank * (BN / 2) * 128, &tw,
+							      kb * GM_BK, n0 + rank * (BN / 2), &full[s]);
+				}
+			}
+		}
+	} else { /* a consumer: every other tile of the block */
+		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+		const int c = wg - 1, warp = t / 32, lane = t % 32;
+		float d[WM / 64][BN / 2];
+		unsigned char *units = ring + C::RING + c * C::UNITS * GM_UNIT;
+		int local = c, unit = 0;
+		for (int st = cid + c * ncl; st < stiles; st += 2 * ncl, local += 2) {
+			const int m0 = (st / tiles_n * CL + rank) * WM, n0 = st % tiles_n * BN;
+			const int p0 = local * kbs;
+			/* Ping-pong order: this mainloop starts once the other consumer's previous one
+			 * has made all its waits. Without it this warpgroup would wait on a stage two
+			 * phases ahead, and a phase parity cannot tell the two apart. */
+			if (local > 0)
+				named_sync_(1 + c);
+			for (int kb = 0; kb < kbs; kb++) {
+				const int p = p0 + kb, s = p % S;
+				mbar_wait_(&full[s], (p / S) & 1);
+				const uint32_t a = smem_u32_(ring + s * C::STAGE_BYTES), w = a + C::A_BYTES;
+				wgmma_fence_();
+#pragma unroll
+				for (int k = 0; k < GM_BK / 16; k++) {
+#pragma unroll
+					for (int h = 0; h < WM / 64; h++) {
+						const uint64_t da = desc_(a + h * 64 * 128 + k * 32);
+						const uint64_t dw = desc_(w + k * 32);
+						if constexpr (BN == 128)
+							wgmma_n128_(d[h], da, dw, kb > 0 || k > 0);
+						else
+							wgmma_n256_(d[h], da, dw, kb > 0 || k > 0);
+					}
+				}
+				wgmma_commit_();
+				if (kb > 0) { /* the previous stage's wgmma is done: release it */
+					wgmma_wait_<1>();
+					release_<CL>(&empty[(p - 1) % S], lane, rank);
+				}
+			}
+			wgmma_wait_<0>();
+			release_<CL>(&empty[(p0 + kbs - 1) % S], lane, rank);
+			if (st + ncl < stiles) /* the block's next tile is the other's */
+				named_arrive_(2 - c);
+
+			/* Epilogue, one 64 x 64 unit at a time: thread (warp, lane) holds rows
+			 * warp*16 + lane/4 (+8) of each 64-row half and columns 8j + 2(lane%4) (+1)
+			 * of each 8-column block j. It writes them into a unit in the copy engine's
+			 * 128-byte swizzle (the 16-byte chunk j of row r at chunk j ^ (r % 8): the
+			 * warp's 8 rows land in 8 different chunks, no bank conflicts), and one
+			 * thread stores the unit with the copy engine, which runs on while the next
+			 * unit is written. aux (the pre-activation) first, then GELU of the same
+			 * fp32 values. */
+			if (bias) { /* the fp32 pre-activation, in place */
+#pragma unroll
+				for (int j = 0; j < BN / 8; j++) {
+					const int col = n0 + 8 * j + 2 * (lane % 4);
+					float2 bb = make_float2(0.0f, 0.0f);
+					if (col < N)
+						bb = __bfloat1622float2(
+							*reinterpret_cast<const __nv_bfloat162 *>(bias + col));
+#pragma unroll
+					for (int h = 0; h < WM / 64; h++) {
+						d[h][4 * j] += bb.x;
+						d[h][4 * j + 1] += bb.y;
+						d[h][4 * j + 2] += bb.x;
+						d[h][4 * j + 3] += bb.y;
+					}
+				}
+			}
+#pragma unroll
+			for (int o = 0; o < (GELU ? 2 : 1); o++) {
+#pragma unroll
+				for (int h = 0; h < WM / 64; h++) {
+#pragma unroll
+					for (int b = 0; b < BN / 64; b++, unit++) {
+						unsigned char *u = units + (unit % C::UNITS) * GM_UNIT;
+						if (t == 0) /* the store that last read u is done with it */
+							bulk_wait_read_<C::UNITS - 1>();
+						wg_sync_(3 + c);
+#pragma unroll
+						for (int jj = 0; jj < 8; jj++) {
+							const int j = 8 * b + jj;
+#pragma unroll
+							for (int e = 0; e < 2; e++) {
+								const int r = warp * 16 + lane / 4 + 8 * e;
+								float x0 = d[h][4 * j + 2 * e];
+								float x1 = d[h][4 * j + 2 * e + 1];
+								if (GELU && o == 1) {
+									x0 = gelu_(x0);
+									x1 = gelu_(x1);
+								}
+								*reinterpret_cast<__nv_bfloat162 *>(
+									u + r * 128 + ((jj ^ (r & 7)) << 4) + (lane % 4) * 4) =
+									__floats2bfloat162_rn(x0, x1);
+							}
+						}
+						fence_async_smem_();
+						wg_sync_(3 + c);
+						if (t == 0) {
+							tma_store_(GELU && o == 0 ? &taux : &tout, u, n0 + 64 * b,
+								   m0 + 64 * h);
+							bulk_commit_();
+						}
+					}
+				}
+			}
+		}
+		if (t == 0)
+			bulk_wait_all_();
+	}
+	/* No block leaves while the other may still arrive on its barriers. */
+	if (CL > 1)
+		cluster_sync_();
+#endif
+}
+
+/* ---- host side ---- */
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_;
+
+static enum ng_status encode_init_(void)
+{
+	if (encode_tiled_)
+		return NG_OK;
+	void *fn = NULL;
+	cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+	if (NG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+							   cudaEnableDefault, &q)))
+		return NG_ERR_RUNTIME;
+	if (q != cudaDriverEntryPointSuccess || !fn)
+		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: the driver has no "
+			       "cuTensorMapEncodeTiled (query result %d)", (int)q);
+	encode_tiled_ = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+	return NG_OK;
+}
+
+/* A row-major (rows, K) bf16 matrix as boxes of box_rows x 64 with the 128-byte swizzle. */
+static enum ng_status encode_(CUtensorMap *map, const void *p, int rows, int K, int box_rows)
+{
+	cuuint64_t dim[2] = { (cuuint64_t)K, (cuuint64_t)rows };
+	cuuint64_t stride[1] = { (cuuint64_t)K * 2 };
+	cuuint32_t box[2] = { 64, (cuuint32_t)box_rows };
+	cuuint32_t elem[2] = { 1, 1 };
+	CUresult r = encode_tiled_(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride,
+				   box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+				   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+				   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS)
+		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: cuTensorMapEncodeTiled failed (%d) for "
+			       "a %d x %d matrix at %p", (int)r, rows, K, p);
+	return NG_OK;
+}
+
+static int device_sm90_(int *sms)
+{
+	int dev = 0, major = 0, minor = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	return major == 9 && minor == 0;
+}
+
+/* Was the kernel built with sm_90a machine code? (a build without that target has no wgmma:
+ * the kernel body would be empty) */
+static int built_sm90a_(void)
+{
+	cudaFuncAttributes fa;
+	if (cudaFuncGetAttributes(&fa, gm_fwd_<128, 128, 1, 1>) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	return fa.binaryVersion == 90;
+}
+
+extern "C" int ng_gemm_sm90_available(void)
+{
+	int sms = 0;
+	return device_sm90_(&sms) && built_sm90a_();
+}
+
+template <int WM, int BN, int GELU, int CL, int GU = 4>
+static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, const CUtensorMap *to,
+			      const CUtensorMap *tx, const __nv_bfloat16 *bias, int M, int N, int K,
+			      int sms, cudaStream_t s)
+{
+	typedef gm_cfg<WM, BN, GELU, GU> C;
+	void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, const __nv_bfloat16 *,
+		       int, int, int) = gm_fwd_<WM, BN, GELU, CL, GU>;
+	enum ng_status st = ng_ensure_smem_(kernel, C::SMEM);
+	if (st)
+		return st;
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute at = {};
+	at.id = cudaLaunchAttributeClusterDimension;
+	at.val.clusterDim.x = CL;
+	at.val.clusterDim.y = 1;
+	at.val.clusterDim.z = 1;
+	cfg.blockDim = dim3(GM_THREADS);
+	cfg.dynamicSmemBytes = C::SMEM;
+	cfg.stream = s;
+	cfg.attrs = &at;
+	cfg.numAttrs = 1;
+	/* one block an SM; with clusters, as many as fit at once (the GPCs' sizes may leave some
+	 * SMs out), asked once */
+	static int fit = 0;
+	if (!fit) {
+		int n = sms / CL;
+		cfg.gridDim = dim3(CL * n);
+		if (CL > 1 && NG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg)))
+			return NG_ERR_RUNTIME;
+		if (n < 1)
+			return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: no cluster of %d blocks fits",
+				       CL);
+		fit = n; /* 66 clusters of two on the H200's 132 SMs (session 22) */
+	}
+	const long long stiles = (long long)((M + WM * CL - 1) / (WM * CL)) * ((N + BN - 1) / BN);
+	cfg.gridDim = dim3(CL * (unsigned)(stiles < fit ? stiles : fit));
+	if (NG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, *ta, *tw, *to, *tx, bias, M, N, K)))
+		return NG_ERR_RUNTIME;
+	return NG_LAUNCH_CHECK("gm_fwd_");
+}
+
+extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_bf16 *inp,
+					   const ng_bf16 *w, const ng_bf16 *bias, int M, int N,
+					   int K, int gelu, enum ng_gemm_tile tile, cudaStream_t s)
+{
+	static const char *who = "ng_gemm_sm90_fwd";
+	int sms = 0;
+	if (M < 1 || N < 1 || K < 1 || N % 8 || K % 8)
+		return ng_check_arg_fail(who, "M = %d, N = %d, K = %d: all >= 1, N and K multiples "
+					 "of 8", M, N, K);
+	if ((long long)M * N > (1ll << 40) || tile < 0 || tile >= NG_GEMM_TILES)
+		return ng_check_arg_fail(who, "M = %d, N = %d, tile %d out of range", M, N, (int)tile);
+	if (!out || !inp || !w || (gelu && !aux))
+		return ng_check_arg_fail(who, "NULL pointer (out %p, inp %p, w %p, aux %p, gelu %d)",
+					 (void *)out, (const void *)inp, (const void *)w, (void *)aux,
+					 gelu);
+	if (!ng_aligned16_(out) || !ng_aligned16_(inp) || !ng_aligned16_(w) ||
+	    (aux && !ng_aligned16_(aux)) || (bias && !ng_aligned16_(bias)))
+		return ng_check_arg_fail(who, "pointers must be 16-byte aligned");
+	if (!device_sm90_(&sms) || !built_sm90a_())
+		return ng_fail(NG_ERR_RUNTIME, "%s: needs an sm_90 GPU and a build for sm_90a", who);
+	enum ng_status st = encode_init_();
+	if (st)
+		return st;
+		/* inputs in boxes of a stage's rows x 64 (W: half of them with clusters); outputs in
+	 * 64 x 64 units */
+	const int wm = tile == NG_GEMM_TILE_64x256 ? 64 : 128, bn = 16384 / wm;
+	const int cl = tile == NG_GEMM_TILE_128x128_C2 ? 2 : 1;
+	CUtensorMap ta, tw, to, tx;
+	if ((st = encode_(&ta, inp, M, K, wm)) || (st = encode_(&tw, w, N, K, bn / cl)) ||
+	    (st = encode_(&to, out, M, N, 64)) || (st = encode_(&tx, gelu ? aux : out, M, N, 64)))
+		return st;
+	const __nv_bfloat16 *b = (const __nv_bfloat16 *)bias;
+	if (tile == NG_GEMM_TILE_128x128)
+		return gelu ? launch_<128, 128, 1, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+			    : launch_<128, 128, 0, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+	if (tile == NG_GEMM_TILE_128x128_C2)
+		return gelu ? launch_<128, 128, 1, 2>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+			    : launch_<128, 128, 0, 2>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+	return gelu ? launch_<64, 256, 1, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
+		    : launch_<64, 256, 0, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+}

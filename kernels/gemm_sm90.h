@@ -1,0 +1,65 @@
+/*
+ * kernels/gemm_sm90.h — our own Hopper GEMM for the forward of a linear layer, with the bias
+ * and GELU epilogue that cuBLASLt runs slowly.
+ *
+ * Why: cuBLASLt's GELU_AUX_BIAS epilogue offers five algorithms for the MLP's fc forward, and
+ * the best runs at ~500 TFLOP/s against ~660 for the plain matmul of the same shape
+ * (BENCHMARKS.md, session 21: ~3 ms of a d24 step). This kernel computes the same thing with
+ * the epilogue of one warpgroup overlapping the matrix work of the other, so the tensor cores do
+ * not wait for the stores. It is one more candidate for the plan's autotune (kernels/matmul.h),
+ * which keeps it only where it times faster.
+ *
+ *   out (M, N) bf16 = inp (M, K) @ W^T + bias       W is (N, K), torch.nn.Linear's layout
+ *   gelu: aux (M, N) bf16 = the pre-activation above; out = GELU(pre-activation)
+ *
+ * GELU is the tanh form of GPT-2, evaluated in fp32 on the fp32 pre-activation (as cuBLASLt and
+ * kernels/elementwise.cu do): gelu(x) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+ * Accumulation is fp32; bias is added to the fp32 sum; each output is rounded once to bf16.
+ * Deterministic: every output element is summed by one warpgroup in a fixed order.
+ *
+ * How: a persistent grid (one block per SM), three warpgroups a block. The first issues the
+ * tensor-memory-accelerator loads of A and W tiles (k = 64 per stage, 128-byte swizzle) into a
+ * ring of shared-memory stages; the other two each take every other tile of the block and run
+ * wgmma (sm_90a) on it, then write its epilogue straight from registers. Tiles per consumer:
+ * NG_GEMM_TILE_128x128 or NG_GEMM_TILE_64x256 (rows x columns).
+ *
+ * Preconditions (checked; a failure names the value): an sm_90 GPU and a build with the sm_90a
+ * target; M, N, K >= 1; N and K multiples of 8; every pointer 16-byte aligned; gelu needs aux.
+ * Any M, N, K otherwise: the loads fill past the edges with zeros, the stores check bounds.
+ */
+#ifndef NG_KERNELS_GEMM_SM90_H
+#define NG_KERNELS_GEMM_SM90_H
+
+#include <cuda_runtime.h>
+
+#include "kernels/types.h"
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum ng_gemm_tile {
+	NG_GEMM_TILE_128x128 = 0,
+	NG_GEMM_TILE_64x256 = 1,
+	NG_GEMM_TILE_128x128_C2 = 2, /* 128x128, clusters of two blocks that share W's tile */
+	NG_GEMM_TILES
+};
+
+/* 1 when this process can run ng_gemm_sm90_fwd on the current device (an sm_90 GPU, and the
+ * kernel was built for sm_90a); 0 otherwise. Never fails. */
+int ng_gemm_sm90_available(void);
+
+enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out,        /* (M, N) bf16, = */
+				ng_bf16 *aux,        /* (M, N) bf16, = the pre-activation; gelu only */
+				const ng_bf16 *inp,  /* (M, K) bf16 */
+				const ng_bf16 *w,    /* (N, K) bf16 */
+				const ng_bf16 *bias, /* (N) bf16, or NULL */
+				int M, int N, int K, int gelu, enum ng_gemm_tile tile,
+				cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

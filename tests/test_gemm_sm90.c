@@ -1,0 +1,167 @@
+/*
+ * tests/test_gemm_sm90.c — our Hopper GEMM (kernels/gemm_sm90.h) against the double reference
+ * of graph/cpu_ops.h (the tanh GELU of ng_ref_gelu_fwd), on fresh random inputs.
+ *
+ * Tolerance, as tests/test_matmul.c (STYLE.md, the FlashAttention rule): err(GPU vs fp64) <=
+ * 2 * err(naive vs fp64) + atol, where naive is the plain fp32 loop over the same bf16 inputs,
+ * rounded to bf16 as the GPU's outputs are; atol is 2^-10 of the largest |reference| (a quarter
+ * of a bf16 ulp there). Both outputs are checked: aux (the pre-activation) and out (its GELU).
+ *
+ * Shapes: edges in every dimension (M = 1, 300; N = 3104 = 4 x 776, not a multiple of either
+ * tile's width; K = 776, not a multiple of the 64 of a stage), both tiles, with and without bias
+ * and GELU, large-mean inputs, and a d12-like block that is run twice for identical bytes.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/cpu_ops.h"
+#include "kernels/check.h"
+#include "kernels/gemm_sm90.h"
+#include "kernels/types.h"
+#include "tests/kernel_testing.h"
+#include "util/rng.h"
+
+struct gm_case {
+	int M, N, K;
+	int gelu, bias;
+	int tile;
+	double mean;     /* mean of the activations */
+	int determinism; /* run twice, compare the bytes */
+};
+
+static float gelu_f_(float x)
+{
+	return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+/* The FlashAttention rule through kernel_testing.h's check_fa_, atol 2^-10 of max |ref|. */
+static void expect_close_(const char *what, const struct gm_case *c, uint64_t seed,
+			  const double *ref, const float *naive, const ng_bf16 *gpu, size_t n)
+{
+	double *g = kt_xmalloc(n * 8), *nv = kt_xmalloc(n * 8), big = 0;
+	for (size_t i = 0; i < n; i++) {
+		g[i] = kt_bf16_to_f32(gpu[i]);
+		nv[i] = naive[i];
+		big = fmax(big, fabs(ref[i]));
+	}
+	char name[160];
+	snprintf(name, sizeof(name), "%s M=%d N=%d K=%d gelu %d bias %d tile %d mean %g", what,
+		 c->M, c->N, c->K, c->gelu, c->bias, c->tile, c->mean);
+	check_fa_(name, seed, g, nv, ref, n, big / 1024);
+	free(g);
+	free(nv);
+}
+
+static void run_case_(const struct gm_case *c)
+{
+	if (ng_cuda_device_count() < 1)
+		cr_skip_test("no CUDA device");
+	if (!ng_gemm_sm90_available())
+		cr_skip_test("not an sm_90 GPU (or no sm_90a build): the kernel cannot run here");
+	const size_t M = c->M, N = c->N, K = c->K;
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	ng_bf16 *ah = kt_xmalloc(M * K * 2), *wh = kt_xmalloc(N * K * 2), *bh = kt_xmalloc(N * 2);
+	double *ad = kt_xmalloc(M * K * 8), *wd = kt_xmalloc(N * K * 8), *bd = kt_xmalloc(N * 8);
+	kt_fill_bf16(&r, ah, ad, M * K, c->mean, 1.0);
+	kt_fill_bf16(&r, wh, wd, N * K, 0.0, 1.0 / sqrt((double)K));
+	kt_fill_bf16(&r, bh, bd, N, 0.0, 0.5);
+
+	double *pre = kt_xmalloc(M * N * 8), *g = kt_xmalloc(M * N * 8);
+	float *npre = kt_xmalloc(M * N * 4), *ng = kt_xmalloc(M * N * 4);
+	for (size_t m = 0; m < M; m++)
+		for (size_t n = 0; n < N; n++) {
+			double s = c->bias ? bd[n] : 0.0;
+			float f = 0.0f;
+			for (size_t k = 0; k < K; k++) {
+				s += ad[m * K + k] * wd[n * K + k];
+				f += (float)ad[m * K + k] * (float)wd[n * K + k];
+			}
+			if (c->bias)
+				f += (float)bd[n];
+			pre[m * N + n] = s;
+			npre[m * N + n] = (float)kt_round_bf16(f);
+			ng[m * N + n] = (float)kt_round_bf16(gelu_f_(f));
+		}
+	ng_ref_gelu_fwd(g, pre, M * N);
+
+	void *da = kt_upload(ah, M * K * 2), *dw = kt_upload(wh, N * K * 2);
+	void *db = kt_upload(bh, N * 2), *dout = kt_upload(NULL, M * N * 2);
+	void *daux = kt_upload(NULL, M * N * 2);
+	/* NaN bytes in the outputs: an element the kernel fails to write cannot pass */
+	kt_cuda(cudaMemset(dout, 0xff, M * N * 2), "cudaMemset");
+	kt_cuda(cudaMemset(daux, 0xff, M * N * 2), "cudaMemset");
+	kt_ok(ng_gemm_sm90_fwd(dout, c->gelu ? daux : NULL, da, dw, c->bias ? db : NULL, c->M, c->N,
+			       c->K, c->gelu, (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_fwd");
+	ng_bf16 *out = kt_xmalloc(M * N * 2), *aux = kt_xmalloc(M * N * 2);
+	kt_download(out, dout, M * N * 2);
+	if (c->gelu) {
+		kt_download(aux, daux, M * N * 2);
+		expect_close_("aux (pre-activation)", c, seed, pre, npre, aux, M * N);
+		expect_close_("out (GELU)", c, seed, g, ng, out, M * N);
+	} else {
+		expect_close_("out", c, seed, pre, npre, out, M * N);
+	}
+	if (c->determinism) {
+		ng_bf16 *again = kt_xmalloc(M * N * 2), *again_aux = kt_xmalloc(M * N * 2);
+		kt_ok(ng_gemm_sm90_fwd(dout, c->gelu ? daux : NULL, da, dw, c->bias ? db : NULL, c->M,
+				       c->N, c->K, c->gelu, (enum ng_gemm_tile)c->tile, 0),
+		      "ng_gemm_sm90_fwd");
+		kt_download(again, dout, M * N * 2);
+		cr_expect(!memcmp(again, out, M * N * 2), "out differs between two runs (seed %llu)",
+			  (unsigned long long)seed);
+		if (c->gelu) {
+			kt_download(again_aux, daux, M * N * 2);
+			cr_expect(!memcmp(again_aux, aux, M * N * 2),
+				  "aux differs between two runs (seed %llu)", (unsigned long long)seed);
+		}
+		free(again);
+		free(again_aux);
+	}
+	cudaFree(da); cudaFree(dw); cudaFree(db); cudaFree(dout); cudaFree(daux);
+	free(ah); free(wh); free(bh); free(ad); free(wd); free(bd);
+	free(pre); free(g); free(npre); free(ng); free(out); free(aux);
+}
+
+#define C776 776
+/*                                                         M     N         K    gelu bias tile mean det */
+Test(gemm_sm90, gelu_bias_edges_128x128) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 0, 0.0, 0}); }
+Test(gemm_sm90, gelu_bias_edges_64x256) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 1, 0.0, 0}); }
+Test(gemm_sm90, bias_one_row_128x128) { run_case_(&(struct gm_case){1, 3 * C776, C776, 0, 1, 0, 0.0, 0}); }
+Test(gemm_sm90, bias_one_row_64x256) { run_case_(&(struct gm_case){1, 3 * C776, C776, 0, 1, 1, 0.0, 0}); }
+Test(gemm_sm90, plain_deep_k_64x256) { run_case_(&(struct gm_case){257, 264, 4 * C776, 0, 0, 1, 0.0, 0}); }
+Test(gemm_sm90, gelu_large_mean_128x128) { run_case_(&(struct gm_case){130, 1024, 256, 1, 1, 0, 3.0, 0}); }
+Test(gemm_sm90, gelu_d12_block_twice_128x128) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 0, 0.0, 1}); }
+Test(gemm_sm90, gelu_bias_edges_128x128c2) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 2, 0.0, 0}); }
+Test(gemm_sm90, bias_one_row_128x128c2) { run_case_(&(struct gm_case){1, 3 * C776, C776, 0, 1, 2, 0.0, 0}); }
+Test(gemm_sm90, plain_deep_k_128x128c2) { run_case_(&(struct gm_case){257, 264, 4 * C776, 0, 0, 2, 0.0, 0}); }
+Test(gemm_sm90, gelu_d12_block_twice_128x128c2) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 2, 0.0, 1}); }
+Test(gemm_sm90, gelu_d24_block_twice_128x128c2) { run_case_(&(struct gm_case){1536, 4096, 1024, 1, 1, 2, 1.0, 1}); }
+Test(gemm_sm90, gelu_d12_block_twice_64x256) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 1, 0.0, 1}); }
+
+/* Bad arguments fail with an input error and a message, before touching the GPU. */
+Test(gemm_sm90, bad_inputs_fail_cleanly)
+{
+	ng_bf16 *p = (ng_bf16 *)(uintptr_t)4096, *odd = (ng_bf16 *)(uintptr_t)4098;
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 100, 64, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "multiples of 8"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 60, 1, 0, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 0, 64, 64, 1, 0, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_fwd(p, NULL, p, p, p, 64, 64, 64, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "NULL"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, odd, p, p, 64, 64, 64, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 64, 1, (enum ng_gemm_tile)7, 0),
+		     NG_ERR_INPUT);
+	ng_clear_error();
+}
