@@ -135,4 +135,26 @@ static inline enum ng_status ng_ensure_smem_(K kernel, size_t bytes)
 /* Is p aligned to 16 bytes? (host side, for the launchers' precondition checks) */
 static inline int ng_aligned16_(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* GELU, the tanh approximation of GPT-2 (Hendrycks & Gimpel 2016), in fp32: used by the
+ * elementwise kernels and by the epilogue of our GEMM, so both compute the same values. */
+#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K 0.044715f
+
+/* 0.5 (1 + tanh u) = sigmoid(2u) =: sp and 1 - tanh^2 u = 4 sp (1 - sp). Written with the
+ * sigmoid, neither 1 + tanh nor 1 - tanh^2 cancels for negative x (the tanh form loses all the
+ * bits of the gradient at x < -4); for large positive x, 1 - sp does cancel, but there the term
+ * it scales is negligible next to sp ~ 1. */
+static __device__ __forceinline__ float ng_gelu_f(float x)
+{
+	float u = GELU_S * (x + GELU_K * x * x * x);
+	return __fdividef(x, 1.0f + __expf(-2.0f * u));
+}
+
+static __device__ __forceinline__ float ng_gelu_grad_f(float x)
+{
+	float u = GELU_S * (x + GELU_K * x * x * x);
+	float sp = __frcp_rn(1.0f + __expf(-2.0f * u)); /* sigmoid(2u) */
+	return sp + 2.0f * x * sp * (1.0f - sp) * GELU_S * (1.0f + 3.0f * GELU_K * x * x);
+}
+
 #endif

@@ -15,26 +15,6 @@
 
 #define EW_THREADS 256
 #define BG_ROWS 256 /* rows per bias-grad chunk */
-#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_K 0.044715f
-
-/* 0.5 (1 + tanh u) = sigmoid(2u) =: sp and 1 - tanh^2 u = 4 sp (1 - sp). Written with the
- * sigmoid, neither 1 + tanh nor 1 - tanh^2 cancels for negative x (the tanh form loses all the
- * bits of the gradient at x < -4); for large positive x, 1 - sp does cancel, but there the term
- * it scales is negligible next to sp ~ 1. */
-static __device__ __forceinline__ float gelu_f(float x)
-{
-	float u = GELU_S * (x + GELU_K * x * x * x);
-	return __fdividef(x, 1.0f + __expf(-2.0f * u));
-}
-
-static __device__ __forceinline__ float gelu_grad_f(float x)
-{
-	float u = GELU_S * (x + GELU_K * x * x * x);
-	float sp = __frcp_rn(1.0f + __expf(-2.0f * u)); /* sigmoid(2u) */
-	return sp + 2.0f * x * sp * (1.0f - sp) * GELU_S * (1.0f + 3.0f * GELU_K * x * x);
-}
-
 static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *inp, size_t n)
 {
 	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -43,11 +23,11 @@ static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *in
 		ng_unpack8_(x, ng_load8_stream_(inp + i));
 #pragma unroll
 		for (int k = 0; k < 8; k++)
-			x[k] = gelu_f(x[k]);
+			x[k] = ng_gelu_f(x[k]);
 		ng_store8_(out + i, ng_pack8_(x));
 	} else {
 		for (; i < n; i++)
-			out[i] = __float2bfloat16_rn(gelu_f(__bfloat162float(inp[i])));
+			out[i] = __float2bfloat16_rn(ng_gelu_f(__bfloat162float(inp[i])));
 	}
 }
 
@@ -61,11 +41,11 @@ static __global__ void gelu_bwd_vec8(__nv_bfloat16 *dinp, const __nv_bfloat16 *i
 		ng_unpack8_(d, ng_load8_stream_(dout + i));
 #pragma unroll
 		for (int k = 0; k < 8; k++)
-			d[k] *= gelu_grad_f(x[k]);
+			d[k] *= ng_gelu_grad_f(x[k]);
 		ng_store8_(dinp + i, ng_pack8_(d));
 	} else {
 		for (; i < n; i++)
-			dinp[i] = __float2bfloat16_rn(gelu_grad_f(__bfloat162float(inp[i])) *
+			dinp[i] = __float2bfloat16_rn(ng_gelu_grad_f(__bfloat162float(inp[i])) *
 						      __bfloat162float(dout[i]));
 	}
 }
@@ -117,7 +97,7 @@ static __global__ void bias_grad_reduce_chunks(float *dbias, const float *part, 
 }
 
 /* GELU'(x), and GELU(x) in *value, from one sigmoid: one exp and one approximate reciprocal an
- * element where gelu_grad_f and gelu_f take two of each and the correctly rounded reciprocal
+ * element where ng_gelu_grad_f and ng_gelu_f take two of each and the correctly rounded reciprocal
  * (the GELU backward with the recompute was issue-bound on them: BENCHMARKS.md session 20).
  * __fdividef's 2 ulp in fp32 are far below the bf16 outputs' rounding. */
 static __device__ __forceinline__ float gelu_grad_value_f(float x, float *value)

@@ -41,8 +41,6 @@
 #define GM_THREADS 384    /* the producer warpgroup and two consumer warpgroups */
 #define GM_SMEM_MAX (227 * 1024) /* dynamic shared memory a block may have on sm_90 */
 #define GM_UNIT 8192      /* an epilogue unit: 64 rows x 64 bf16, 128-byte swizzled, one store box */
-#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_K 0.044715f
 
 /* A consumer cycles through its own epilogue units, a tile's output's worth (4): without GELU
  * the copy engine has a whole mainloop to read a unit before it is written again; with GELU
@@ -273,11 +271,6 @@ static __device__ __forceinline__ void release_(uint64_t *bar, int lane, int ran
 	}
 }
 
-static __device__ __forceinline__ float gelu_(float x)
-{
-	float u = GELU_S * (x + GELU_K * x * x * x);
-	return __fdividef(x, 1.0f + __expf(-2.0f * u));
-}
 #endif /* GM_SM90A */
 
 template <int WM, int BN, int GELU, int CL, int GU = 4>
@@ -422,8 +415,8 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 								float x0 = d[h][4 * j + 2 * e];
 								float x1 = d[h][4 * j + 2 * e + 1];
 								if (GELU && o == 1) {
-									x0 = gelu_(x0);
-									x1 = gelu_(x1);
+									x0 = ng_gelu_f(x0);
+									x1 = ng_gelu_f(x1);
 								}
 								*reinterpret_cast<__nv_bfloat162 *>(
 									u + r * 128 + ((jj ^ (r & 7)) << 4) + (lane % 4) * 4) =

@@ -12,8 +12,9 @@
  *   out (M, N) bf16 = inp (M, K) @ W^T + bias       W is (N, K), torch.nn.Linear's layout
  *   gelu: aux (M, N) bf16 = the pre-activation above; out = GELU(pre-activation)
  *
- * GELU is the tanh form of GPT-2, evaluated in fp32 on the fp32 pre-activation (as cuBLASLt and
- * kernels/elementwise.cu do): gelu(x) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+ * GELU is the tanh form of GPT-2, evaluated in fp32 on the fp32 pre-activation (as cuBLASLt
+ * does; the function is kernels/common.cuh's ng_gelu_f, which the elementwise kernels use too):
+ * gelu(x) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
  * Accumulation is fp32; bias is added to the fp32 sum; each output is rounded once to bf16.
  * Deterministic: every output element is summed by one warpgroup in a fixed order.
  *
