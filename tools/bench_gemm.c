@@ -21,6 +21,7 @@
 #include "kernels/check.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/matmul.h"
+#include "tools/bench_sustained.h"
 #include "util/rng.h"
 
 static int only_fc; /* --fc: the fc matmul alone */
@@ -46,30 +47,22 @@ static int run_(const struct cand *c, const struct bufs *b, int second)
 				c->gelu, (enum ng_gemm_tile)c->tile, 0) != NG_OK;
 }
 
-/* k launches back to back between two events: *ms per launch. */
-static int batch_(const struct cand *c, const struct bufs *b, cudaEvent_t *ev, int k, float *ms)
+/* Sustained timing (tools/bench_sustained.h) of one candidate. */
+struct launch_arg {
+	const struct cand *c;
+	const struct bufs *b;
+};
+
+static int launch_(const void *arg)
 {
-	cudaEventRecord(ev[0], 0);
-	for (int r = 0; r < k; r++)
-		if (run_(c, b, 0))
-			return 1;
-	cudaEventRecord(ev[1], 0);
-	if (NG_CUDA_CHECK(cudaEventSynchronize(ev[1])))
-		return 1;
-	cudaEventElapsedTime(ms, ev[0], ev[1]);
-	*ms /= (float)k;
-	return 0;
+	const struct launch_arg *la = arg;
+	return run_(la->c, la->b, 0);
 }
 
-/* Sustained: an estimate from 20 launches, then ~150 ms to heat, then ~150 ms timed. */
 static int time_(const struct cand *c, const struct bufs *b, cudaEvent_t *ev, float *ms)
 {
-	float est;
-	if (batch_(c, b, ev, 20, &est))
-		return 1;
-	int k = (int)(150.0f / est);
-	k = k < 20 ? 20 : k > 20000 ? 20000 : k;
-	return batch_(c, b, ev, k, ms) || batch_(c, b, ev, k, ms);
+	struct launch_arg la = { c, b };
+	return ng_time_sustained(launch_, &la, ev, 0.0f, ms);
 }
 
 static float bf_(uint16_t h)

@@ -25,6 +25,7 @@
 
 #include "kernels/check.h"
 #include "kernels/matmul.h"
+#include "tools/bench_sustained.h"
 #include "util/rng.h"
 
 #define BENCH_MAX_REPS 200
@@ -138,29 +139,24 @@ static const char *epi_name_(const struct ng_matmul_spec *s, int colsum)
 
 static int sustained; /* --sustained: time every candidate under sustained load instead */
 
-/* ms per launch of mm with the GPU held busy: ~150 ms of launches back to back to reach the
- * power-limited clock, then ~150 ms timed between two events (est_ms: a first estimate). */
+/* ms per launch of mm with the GPU held busy (tools/bench_sustained.h; est_ms: a first
+ * estimate). */
+struct launch_arg {
+	const struct ng_matmul *mm;
+	const struct bench_bufs *bb;
+};
+
+static int launch_(const void *arg)
+{
+	const struct launch_arg *la = arg;
+	return wrapper_(la->mm, la->bb, 0);
+}
+
 static int time_sustained_(const struct ng_matmul *mm, const struct bench_bufs *bb,
 			   cudaEvent_t *ev, float est_ms, float *ms)
 {
-	int k = est_ms > 0.0f ? (int)(150.0f / est_ms) : 100;
-	if (k < 20)
-		k = 20;
-	if (k > 20000)
-		k = 20000;
-	for (int r = 0; r < k; r++)
-		if (wrapper_(mm, bb, 0))
-			return 1;
-	cudaEventRecord(ev[0], 0);
-	for (int r = 0; r < k; r++)
-		if (wrapper_(mm, bb, 0))
-			return 1;
-	cudaEventRecord(ev[1], 0);
-	if (NG_CUDA_CHECK(cudaEventSynchronize(ev[1])))
-		return 1;
-	cudaEventElapsedTime(ms, ev[0], ev[1]);
-	*ms /= (float)k;
-	return 0;
+	struct launch_arg la = { mm, bb };
+	return ng_time_sustained(launch_, &la, ev, est_ms, ms);
 }
 
 /* --sustained: each matmul's heuristic candidates timed in bursts (autotune's way) and under
