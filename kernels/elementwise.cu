@@ -96,19 +96,6 @@ static __global__ void bias_grad_reduce_chunks(float *dbias, const float *part, 
 	dbias[c] = accumulate ? dbias[c] + s : s;
 }
 
-/* GELU'(x), and GELU(x) in *value, from one sigmoid: one exp and one approximate reciprocal an
- * element where ng_gelu_grad_f and ng_gelu_f take two of each and the correctly rounded reciprocal
- * (the GELU backward with the recompute was issue-bound on them: BENCHMARKS.md session 20).
- * __fdividef's 2 ulp in fp32 are far below the bf16 outputs' rounding. */
-static __device__ __forceinline__ float gelu_grad_value_f(float x, float *value)
-{
-	float x2 = x * x;
-	float u = GELU_S * (x + GELU_K * x2 * x);
-	float sp = __fdividef(1.0f, 1.0f + __expf(-2.0f * u)); /* sigmoid(2u) */
-	*value = x * sp;
-	return sp + 2.0f * x * sp * (1.0f - sp) * GELU_S * (1.0f + 3.0f * GELU_K * x2);
-}
-
 #define GB_UNROLL 4 /* rows a thread loads before it computes: 8 16-byte loads in flight */
 
 /* ng_gelu_bwd_bias, pass 1: the blocks of bias_grad_row_chunks (32 x 8 threads, 256 columns x
@@ -142,7 +129,7 @@ static __global__ void gelu_bwd_bias_row_chunks(__nv_bfloat16 *dinp, __nv_bfloat
 				ng_unpack8_(d, dv[u]);
 #pragma unroll
 				for (int k = 0; k < 8; k++)
-					d[k] *= gelu_grad_value_f(x[k], &x[k]);
+					d[k] *= ng_gelu_grad_value_f(x[k], &x[k]);
 				struct ng_bf16x8 packed = ng_pack8_(d);
 				ng_store8_(dinp + at, packed);
 				ng_unpack8_(d, packed); /* the sums are of what was stored */

@@ -40,6 +40,11 @@
 extern "C" {
 #endif
 
+/* The kernel's revision: raise it whenever a change may alter its speed, so that autotune's kept
+ * choices (kernels/matmul_cache.c) time our GEMM again instead of trusting an old figure.
+ * 2: the GELU epilogue with folded constants (session 24). */
+#define NG_GEMM_SM90_REV 2
+
 enum ng_gemm_tile {
 	NG_GEMM_TILE_128x128 = 0,
 	NG_GEMM_TILE_64x256 = 1,

@@ -551,6 +551,8 @@ static struct ng_matmul_choice choice_key_(const struct ng_matmul *mm,
 	}
 	for (int i = 0; i < n_own; i++) /* our kernel's tiles, so other tiles are timed again */
 		h = (h ^ (unsigned char)(0xA0 + own_tiles_[i])) * 1099511628211ull;
+	if (n_own) /* and its revision, so a changed kernel is timed again */
+		h = (h ^ (unsigned char)NG_GEMM_SM90_REV) * 1099511628211ull;
 	c.candidates_hash = h;
 	return c;
 }
