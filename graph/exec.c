@@ -57,6 +57,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 		s.kind = NG_MATMUL_FWD;
 		s.bias = op->param[1] >= 0;
 		s.fp8 = op->fp8;
+		s.accumulate = op->residual;
 	} else if (op->kind == NG_OP_MATMUL_DINP) {
 		s.kind = NG_MATMUL_DINP;
 		s.fp8 = op->fp8;
@@ -671,12 +672,13 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 					 const ng_bf16 *inp, void *scratch, cudaStream_t s)
 {
 	const int L = g->cfg.L, slot = ng_fp8_slot(L, op->which, op->layer);
-	if (slot < 0 || op->n_in < 4)
+	const int n_in = op->n_in - op->residual; /* the residual comes last */
+	if (slot < 0 || n_in < 4)
 		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 matmul of the step", op->name);
 	size_t rows = (size_t)op->row_count, ic = (size_t)mm->spec.IC, front = 0;
 	float *f = ng_exec_tensor_(e, g, op->in[3]);
 	uint8_t *in8;
-	if (op->n_in >= 5) { /* the LayerNorm before wrote the E4M3 copy */
+	if (n_in >= 5) { /* the LayerNorm before wrote the E4M3 copy */
 		in8 = (uint8_t *)ng_exec_tensor_(e, g, op->in[4]) + (size_t)op->row_start * ic;
 	} else {
 		in8 = scratch;
@@ -700,11 +702,15 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 		if (st)
 			return st;
 	}
-	return ng_matmul_run_fp8(mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8,
-				 op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,
-				 op->gelu ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
-				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
-				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
+	const float *ad = f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot;
+	const float *wd = f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * slot;
+	const void *bias = op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL;
+	if (op->residual)
+		return ng_matmul_run_residual(mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8, bias,
+					      ng_exec_tensor_(e, g, op->in[op->n_in - 1]), ad, wd,
+					      (char *)scratch + front, s);
+	return ng_matmul_run_fp8(mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8, bias,
+				 op->gelu ? ng_exec_tensor_(e, g, op->out[1]) : NULL, ad, wd,
 				 (char *)scratch + front, s);
 }
 
@@ -842,6 +848,12 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		int pb = op->in[1];
 		if (op->fp8)
 			return run_matmul_fwd_fp8(e, g, op, mm, inp, scratch, s);
+		if (op->residual)
+			return ng_matmul_run_residual(
+				mm, ng_exec_tensor_(e, g, op->out[0]), inp,
+				pp(e, g, pb, op->param[0], op->layer),
+				op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,
+				ng_exec_tensor_(e, g, op->in[op->n_in - 1]), NULL, NULL, scratch, s);
 		return ng_matmul_run(mm, ng_exec_tensor_(e, g, op->out[0]), inp,
 				     pp(e, g, pb, op->param[0], op->layer),
 				     op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL,

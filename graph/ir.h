@@ -39,6 +39,9 @@
  *                     (HEAD: {WTE, -1}, no bias); HEAD reads rows [row_start, +row_count) of
  *                     inp (N, C) and writes its chunk's logits (row_count, Vp).
  *                     Sample graphs: HEAD reads inp (B, C) (the gathered rows), row_count = B.
+ *                     residual = 1 (ATTPROJ, FCPROJ): also in, last: the residual stream
+ *                     (rows, OC) bf16; out = it + inp @ W^T + b, the block's residual add
+ *                     (cuBLASLt's C, beta = 1: summed in fp32, rounded once).
  *                     fp8 = 1 (train graphs built with --fp8): also in: params_fp8 (--recompute
  *                     fp8: params_bf16, W cast in the scratch), fp8_state;
  *                     the op casts its input rows to E4M3 at the front of its scratch (with the
@@ -208,6 +211,8 @@ struct ng_op {
 	                            * 0) instead of "+="; ZERO with param[0] >= 0: that parameter's
 	                            * gradient range only; GELU_BWD with the fc bias: "=" too */
 	int fp8;                   /* MATMUL_FWD / DINP: fp8 operands (see the kind's comment) */
+	int residual;              /* MATMUL_FWD: 1 = out = in[n_in - 1] (rows, OC) bf16 + the
+	                            * product (the block's residual add, in the matmul's epilogue) */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };
 

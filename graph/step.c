@@ -4,7 +4,7 @@
  *
  * Names: activations are "<m>L<l>.<what>" where <m> is "m<k>." when K > 1 (else empty), so
  * "L3.qkv" or "m1.L3.qkv"; recomputed tensors end in ".re"; workspaces are "<op name>.ws".
- * Shapes: N = B*T rows; x, ln, attproj, fcproj, resid (B, T, C); qkv (B, T, 3C); fch (B, T, 4C);
+ * Shapes: N = B*T rows; x, ln, resid (B, T, C); qkv (B, T, 3C); fch (B, T, 4C);
  * logits of a chunk (rows, Vp); LayerNorm statistics f32 (N); lse f32 (B, H, T).
  */
 #include "graph/step.h"
@@ -116,11 +116,10 @@ struct layer_acts {
 	int resid_in;        /* the block's input residual stream (encoded or previous resid2) */
 	int ln1, mean1, rstd1;
 	int qkv, atty, lse;  /* attention input, output, log-sum-exp */
-	int resid1;          /* resid_in + attproj: input of LN2 */
+	int resid1;          /* resid_in + the attention projection: input of LN2 */
 	int ln2, mean2, rstd2;
 	int fch;             /* FC output before GELU (B, T, 4C) */
 	int fch_gelu;        /* after GELU */
-	int fcproj;          /* the MLP output, added by the next residual op */
 };
 
 /* What a micro-batch's forward leaves for the classifier and the backward. */
@@ -253,9 +252,10 @@ static int ln_fp8_out(struct bld *b, struct ng_op *op, enum ng_op_which consumer
 	return t;
 }
 
-/* A full-rows matmul forward: out = inp @ W^T + b (with the GELU epilogue when aux >= 0). */
+/* A full-rows matmul forward: out = inp @ W^T + b (with the GELU epilogue when aux >= 0; plus
+ * the residual stream `resid` when resid >= 0, the block's residual add). */
 static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int out, int aux,
-		       int inp8)
+		       int inp8, int resid)
 {
 	struct ng_graph *g = b->g;
 	struct ng_op op = aux >= 0 ? mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16),
@@ -264,6 +264,10 @@ static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int ou
 	op.gelu = aux >= 0;
 	op.row_count = (int)b->N;
 	size_t in8 = fp8_in(b, &op, w == NG_OP_WHICH_FCPROJ ? 4 * b->C : b->C, inp8);
+	if (resid >= 0) { /* last, after the fp8 inputs */
+		op.residual = 1;
+		op.in[op.n_in++] = resid;
+	}
 	emit_p(b, op, b->ws.matmul + in8);
 }
 
@@ -300,62 +304,53 @@ static void build_forward(struct bld *b, struct fwd_out *f, int sample)
 	op.param[1] = NG_P_WPE;
 	emit(b, &op, 0);
 
-	int prev_resid1 = -1, prev_fcproj = -1;
+	/* The residual adds happen in the epilogues of the attention projection and the MLP
+	 * projection (cuBLASLt's C): each writes the residual stream itself, and the LayerNorm
+	 * after it only reads it. */
+	int resid = x;
 	for (int l = 0; l < L; l++) {
 		struct layer_acts *a = &f->la[l];
 		a->ln1 = lact(b, l, "ln1", NG_DTYPE_BF16, 3, B, T, C);
 		a->mean1 = lact(b, l, "ln1.mean", NG_DTYPE_F32, 1, N, 1, 1);
 		a->rstd1 = lact(b, l, "ln1.rstd", NG_DTYPE_F32, 1, N, 1, 1);
-		if (l == 0) {
-			a->resid_in = x;
-			op = mk(NG_OP_LAYERNORM_FWD, NG_OP_WHICH_LN1, l, IN(x, g->t_params_bf16),
-				OUT(a->ln1, a->mean1, a->rstd1));
-		} else {
-			a->resid_in = lact(b, l - 1, "resid2", NG_DTYPE_BF16, 3, B, T, C);
-			op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LN1, l,
-				IN(prev_resid1, prev_fcproj, g->t_params_bf16),
-				OUT(a->resid_in, a->ln1, a->mean1, a->rstd1));
-		}
+		a->resid_in = resid;
+		op = mk(NG_OP_LAYERNORM_FWD, NG_OP_WHICH_LN1, l, IN(a->resid_in, g->t_params_bf16),
+			OUT(a->ln1, a->mean1, a->rstd1));
 		int ln1_8 = ln_fp8_out(b, &op, NG_OP_WHICH_QKV, l, "ln1.e4m3");
 		emit_p(b, op, 0);
 		a->qkv = lact(b, l, "qkv", NG_DTYPE_BF16, 3, B, T, 3 * C);
-		matmul_fwd(b, NG_OP_WHICH_QKV, l, a->ln1, a->qkv, -1, ln1_8);
+		matmul_fwd(b, NG_OP_WHICH_QKV, l, a->ln1, a->qkv, -1, ln1_8, -1);
 		a->atty = lact(b, l, "atty", NG_DTYPE_BF16, 3, B, T, C);
 		a->lse = lact(b, l, "lse", NG_DTYPE_F32, 3, B, H, T);
 		op = mk(NG_OP_ATTENTION_FWD, NG_OP_WHICH_NONE, l, IN(a->qkv), OUT(a->atty, a->lse));
 		emit(b, &op, b->ws.attn_fwd);
-		int attproj = lact(b, l, "attproj", NG_DTYPE_BF16, 3, B, T, C);
-		matmul_fwd(b, NG_OP_WHICH_ATTPROJ, l, a->atty, attproj, -1, -1);
 		a->resid1 = lact(b, l, "resid1", NG_DTYPE_BF16, 3, B, T, C);
+		matmul_fwd(b, NG_OP_WHICH_ATTPROJ, l, a->atty, a->resid1, -1, -1, a->resid_in);
 		a->ln2 = lact(b, l, "ln2", NG_DTYPE_BF16, 3, B, T, C);
 		a->mean2 = lact(b, l, "ln2.mean", NG_DTYPE_F32, 1, N, 1, 1);
 		a->rstd2 = lact(b, l, "ln2.rstd", NG_DTYPE_F32, 1, N, 1, 1);
-		op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LN2, l,
-			IN(a->resid_in, attproj, g->t_params_bf16),
-			OUT(a->resid1, a->ln2, a->mean2, a->rstd2));
+		op = mk(NG_OP_LAYERNORM_FWD, NG_OP_WHICH_LN2, l, IN(a->resid1, g->t_params_bf16),
+			OUT(a->ln2, a->mean2, a->rstd2));
 		int ln2_8 = ln_fp8_out(b, &op, NG_OP_WHICH_FC, l, "ln2.e4m3");
 		emit_p(b, op, 0);
 		a->fch = lact(b, l, "fch", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		a->fch_gelu = lact(b, l, "fch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		if (g->fuse_gelu & NG_GELU_FUSE_FWD) {
-			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch_gelu, a->fch, ln2_8);
+			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch_gelu, a->fch, ln2_8, -1);
 		} else {
-			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch, -1, ln2_8);
+			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch, -1, ln2_8, -1);
 			op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch), OUT(a->fch_gelu));
 			emit(b, &op, 0);
 		}
-		a->fcproj = lact(b, l, "fcproj", NG_DTYPE_BF16, 3, B, T, C);
-		matmul_fwd(b, NG_OP_WHICH_FCPROJ, l, a->fch_gelu, a->fcproj, -1, -1);
-		prev_resid1 = a->resid1;
-		prev_fcproj = a->fcproj;
+		resid = lact(b, l, "resid2", NG_DTYPE_BF16, 3, B, T, C);
+		matmul_fwd(b, NG_OP_WHICH_FCPROJ, l, a->fch_gelu, resid, -1, -1, a->resid1);
 	}
-	f->resid_final = lact(b, L - 1, "resid2", NG_DTYPE_BF16, 3, B, T, C);
+	f->resid_final = resid;
 	f->lnf = act(b, "lnf", NG_DTYPE_BF16, 3, B, T, C);
 	f->meanf = act(b, "lnf.mean", NG_DTYPE_F32, 1, N, 1, 1);
 	f->rstdf = act(b, "lnf.rstd", NG_DTYPE_F32, 1, N, 1, 1);
-	op = mk(NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_WHICH_LNF, -1,
-		IN(prev_resid1, prev_fcproj, g->t_params_bf16),
-		OUT(f->resid_final, f->lnf, f->meanf, f->rstdf));
+	op = mk(NG_OP_LAYERNORM_FWD, NG_OP_WHICH_LNF, -1, IN(f->resid_final, g->t_params_bf16),
+		OUT(f->lnf, f->meanf, f->rstdf));
 	f->lnf8 = ln_fp8_out(b, &op, NG_OP_WHICH_HEAD, -1, "lnf.e4m3");
 	emit_p(b, op, 0);
 }

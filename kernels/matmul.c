@@ -119,9 +119,10 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 	if (sp->bias && sp->kind == NG_MATMUL_DINP)
 		return ng_check_arg_fail("ng_matmul_plan", "DINP N=%d IC=%d OC=%d: bias is for FWD/DW",
 					 sp->N, sp->IC, sp->OC);
-	if (sp->accumulate && sp->kind != NG_MATMUL_DW)
-		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: accumulate is DW only",
-					 k, sp->N, sp->IC, sp->OC);
+	if (sp->accumulate && (sp->kind == NG_MATMUL_DINP || sp->gelu))
+		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: accumulate is for DW, "
+					 "or FWD without gelu (a residual add)", k, sp->N, sp->IC,
+					 sp->OC);
 	if (sp->fp8 && (sp->kind == NG_MATMUL_DW || sp->IC % 16 || sp->OC % 16)) {
 		ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: fp8 is FWD or DINP only, "
 				  "with IC and OC multiples of 16", k, sp->N, sp->IC, sp->OC);
@@ -416,7 +417,11 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 	/* One launch of candidate i (fp8: the scratch's first floats serve as descales: finite;
 	 * the bf16 output may overflow, which does not change the timing). */
 #define TUNE_RUN_(i)                                                                           \
-	(sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux, (const float *)t.bias,  \
+	(sp->accumulate && sp->kind == NG_MATMUL_FWD                                             \
+		 ? ng_matmul_run_residual(mm, t.out, t.a, t.b, t.bias, t.out,                    \
+					  sp->fp8 ? (const float *)t.bias : NULL,                 \
+					  sp->fp8 ? (const float *)t.bias : NULL, t.ws, 0)        \
+	 : sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux, (const float *)t.bias,  \
 				     (const float *)t.bias, t.ws, 0)                              \
 		 : ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
 	float est[NG_MM_MAX_CANDIDATES + NG_MM_MAX_OWN];
@@ -627,7 +632,8 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	}
 	/* our own GEMM as one more candidate: bf16 FWD, timed, where it can run */
 	const int n_own = spec->autotune && ctx->own_gemm && spec->kind == NG_MATMUL_FWD &&
-			  !spec->fp8 && mm->align_bytes % 16 == 0 && ng_gemm_sm90_available()
+			  !spec->fp8 && !spec->accumulate && mm->align_bytes % 16 == 0 &&
+			  ng_gemm_sm90_available()
 			  ? NG_MM_MAX_OWN : 0;
 	const int total = got + n_own;
 	mm->n_candidates = total;
@@ -669,9 +675,10 @@ static enum ng_status check_ptr_(const struct ng_matmul *mm, const char *name, c
 	return NG_OK;
 }
 
+/* residual: FWD with accumulate, cuBLASLt's C (else C is out itself) */
 static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a, const void *b,
-			    const void *bias, void *aux, void *dbias, void *workspace,
-			    cudaStream_t s)
+			    const void *bias, void *aux, void *dbias, const void *residual,
+			    void *workspace, cudaStream_t s)
 {
 	const struct ng_matmul_spec *sp = &mm->spec;
 	const float one = 1.0f;
@@ -707,7 +714,7 @@ static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a,
 				  sizeof(aux)))
 		return NG_ERR_RUNTIME;
 	cublasStatus_t cs = cublasLtMatmul(mm->lt, mm->desc, &one, b, mm->a, a, mm->b, &mm->beta,
-					   out, mm->c, out, mm->d, &mm->algo,
+					   residual ? residual : out, mm->c, out, mm->d, &mm->algo,
 					   mm->algo_ws ? workspace : NULL, mm->algo_ws, s);
 	if (cs != CUBLAS_STATUS_SUCCESS)
 		return ng_fail(NG_ERR_RUNTIME, "ng_matmul_run: cublasLtMatmul failed for %s N=%d IC=%d "
@@ -746,25 +753,65 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 		return ng_check_arg_fail("ng_matmul_run", "FWD N=%d IC=%d OC=%d is an fp8 plan: run "
 					 "it with ng_matmul_run_fp8 and its descales", mm->spec.N,
 					 mm->spec.IC, mm->spec.OC);
-	return run_(mm, out, a, b, bias, aux, dbias, workspace, s);
+	if (mm->spec.accumulate && mm->spec.kind == NG_MATMUL_FWD)
+		return ng_check_arg_fail("ng_matmul_run", "FWD N=%d IC=%d OC=%d adds a residual: run "
+					 "it with ng_matmul_run_residual", mm->spec.N, mm->spec.IC,
+					 mm->spec.OC);
+	return run_(mm, out, a, b, bias, aux, dbias, NULL, workspace, s);
+}
+
+/* The fp8 descales into the plan's descriptor (cuBLASLt's A is W, run's b; its B the input) */
+static enum ng_status set_descales_(const struct ng_matmul *mm, const char *who,
+				    const float *a_descale, const float *b_descale)
+{
+	const struct ng_matmul_spec *sp = &mm->spec;
+	if (!sp->fp8 || !a_descale || !b_descale || (uintptr_t)a_descale % 16 ||
+	    (uintptr_t)b_descale % 16)
+		return ng_check_arg_fail(who, "FWD N=%d IC=%d OC=%d: %s", sp->N, sp->IC,
+					 sp->OC, !sp->fp8 ? "not an fp8 plan (spec.fp8 = 0)"
+					 : "both descales must be 16-byte aligned device pointers "
+					   "(cuBLASLt refuses others)");
+	if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_descale,
+		      sizeof(b_descale)) ||
+	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_descale,
+		      sizeof(a_descale)))
+		return NG_ERR_RUNTIME;
+	return NG_OK;
+}
+
+enum ng_status ng_matmul_run_residual(const struct ng_matmul *mm, void *out, const void *a,
+				      const void *b, const void *bias, const void *residual,
+				      const float *a_descale, const float *b_descale,
+				      void *workspace, cudaStream_t s)
+{
+	const struct ng_matmul_spec *sp = &mm->spec;
+	const char *who = "ng_matmul_run_residual";
+	if (sp->kind != NG_MATMUL_FWD || !sp->accumulate)
+		return ng_check_arg_fail(who, "N=%d IC=%d OC=%d: not a FWD plan with accumulate",
+					 sp->N, sp->IC, sp->OC);
+	if (check_ptr_(mm, "residual", residual))
+		return NG_ERR_INPUT;
+	if (sp->fp8) {
+		enum ng_status st = set_descales_(mm, who, a_descale, b_descale);
+		if (st)
+			return st;
+	} else if (a_descale || b_descale) {
+		return ng_check_arg_fail(who, "N=%d IC=%d OC=%d: a bf16 plan takes no descales",
+					 sp->N, sp->IC, sp->OC);
+	}
+	return run_(mm, out, a, b, bias, NULL, NULL, residual, workspace, s);
 }
 
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
 				 const void *b, const void *bias, void *aux, const float *a_descale,
 				 const float *b_descale, void *workspace, cudaStream_t s)
 {
-	const struct ng_matmul_spec *sp = &mm->spec;
-	if (!sp->fp8 || !a_descale || !b_descale || (uintptr_t)a_descale % 16 ||
-	    (uintptr_t)b_descale % 16)
-		return ng_check_arg_fail("ng_matmul_run_fp8", "FWD N=%d IC=%d OC=%d: %s", sp->N, sp->IC,
-					 sp->OC, !sp->fp8 ? "not an fp8 plan (spec.fp8 = 0)"
-					 : "both descales must be 16-byte aligned device pointers "
-					   "(cuBLASLt refuses others)");
-	/* cuBLASLt's A is W (run's b), its B the input (run's a) */
-	if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_descale,
-		      sizeof(b_descale)) ||
-	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_descale,
-		      sizeof(a_descale)))
-		return NG_ERR_RUNTIME;
-	return run_(mm, out, a, b, bias, aux, NULL, workspace, s);
+	if (mm->spec.accumulate && mm->spec.kind == NG_MATMUL_FWD)
+		return ng_check_arg_fail("ng_matmul_run_fp8", "FWD N=%d IC=%d OC=%d adds a residual: "
+					 "run it with ng_matmul_run_residual", mm->spec.N,
+					 mm->spec.IC, mm->spec.OC);
+	enum ng_status st = set_descales_(mm, "ng_matmul_run_fp8", a_descale, b_descale);
+	if (st)
+		return st;
+	return run_(mm, out, a, b, bias, aux, NULL, NULL, workspace, s);
 }

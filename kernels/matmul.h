@@ -16,6 +16,10 @@
  *   NG_MATMUL_FWD   out (N, OC) bf16 = inp (N, IC) @ W^T [+ bias (OC) bf16]      (OC, N, IC)
  *                   gelu: aux (N, OC) bf16 = the pre-activation inp @ W^T + bias,
  *                         out = GELU(pre-activation) (epilogue GELU_AUX_BIAS / GELU_AUX)
+ *                   accumulate: out = residual (N, OC) bf16 + inp @ W^T [+ bias], the
+ *                         residual read as cuBLASLt's C with beta = 1 (the block's residual
+ *                         add, summed in fp32 and rounded once); not with gelu; run with
+ *                         ng_matmul_run_residual
  *   NG_MATMUL_DINP  dinp (N, IC) bf16 = dout (N, OC) @ W                         (IC, N, OC)
  *                   gelu: dinp = (dout @ W) * GELU'(aux), elementwise, where aux (N, IC)
  *                         bf16 is the pre-activation whose GELU was this layer's INPUT in the
@@ -135,7 +139,8 @@ struct ng_matmul_spec {
 	int OC;         /* output features; multiple of 8 */
 	int gelu;       /* FWD: GELU epilogue with aux output; DINP: DGELU with aux input */
 	int bias;       /* FWD: add bias (OC) bf16; DW: also produce dbias (OC) fp32 */
-	int accumulate; /* DW only: dW and dbias "+=" (beta = 1) instead of "=" */
+	int accumulate; /* DW: dW and dbias "+=" (beta = 1) instead of "="; FWD: out = a residual
+	                 * + the product (beta = 1, see the table above) */
 	int autotune;   /* time the heuristic's top candidates at plan time, keep the fastest */
 	int fp8;        /* FWD: inp and W are E4M3 bytes (kernels/fp8.h); DINP: dout is E5M2 and
 	                 * W comes as its transpose (IC, OC) in E4M3; each with a device descale
@@ -227,6 +232,14 @@ enum ng_status ng_matmul_choices_save(const struct ng_matmul_ctx *ctx, const cha
 enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *a, const void *b,
 			     const void *bias, void *aux, void *dbias, void *workspace,
 			     cudaStream_t s);
+
+/* Run a FWD plan with spec.accumulate: out = residual + inp @ W^T (+ bias). residual (N, OC)
+ * bf16 may be out itself (cuBLASLt's C and D may share a buffer). a_descale / b_descale:
+ * NULL for a bf16 plan, the device descales of ng_matmul_run_fp8 for an fp8 one. */
+enum ng_status ng_matmul_run_residual(const struct ng_matmul *mm, void *out, const void *a,
+				      const void *b, const void *bias, const void *residual,
+				      const float *a_descale, const float *b_descale,
+				      void *workspace, cudaStream_t s);
 
 /* Run an fp8 plan. FWD: a = inp (N, IC) E4M3, b = W (OC, IC) E4M3, out = a_descale *
  * b_descale * (a @ b^T) (+ bias) (GELU), bf16. DINP: a = dout (N, OC) E5M2, b = W^T (IC, OC)

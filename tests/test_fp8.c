@@ -539,8 +539,9 @@ static void dinp_case_(int N, int IC, int OC, int gelu)
 Test(fp8, dinp_e5m2_dout) { dinp_case_(96, 4 * 784, 784, 0); }
 Test(fp8, dinp_dgelu) { dinp_case_(64, 784, 3 * 784, 1); }
 
-/* One FWD fp8 matmul against the fp64 and naive fp32 loops over the same E4M3 inputs. */
-static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
+/* One FWD fp8 matmul against the fp64 and naive fp32 loops over the same E4M3 inputs; resid:
+ * the output adds a bf16 residual (ng_matmul_run_residual). */
+static void matmul_case_(int N, int IC, int OC, int gelu, int bias, int resid)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
@@ -566,6 +567,9 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 		bd[o] = kt_bf16_to_f32(bh[o]);
 	}
 	float dsc[2] = { 1.0f / xs, 1.0f / ws }; /* descale of x, of W */
+	uint16_t *rh = malloc(on * 2); /* the residual, bf16 ~N(0, 1) (zeros without resid) */
+	for (size_t i = 0; i < on; i++)
+		rh[i] = kt_f32_to_bf16(resid ? (float)ng_rng_normal(&r) : 0.0f);
 	double *ref = malloc(on * 8), *pre = malloc(on * 8);
 	float *nv = malloc(on * 4), *nv_pre = malloc(on * 4);
 	for (int n = 0; n < N; n++)
@@ -590,14 +594,15 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 			nv_pre[i] = kt_bf16_to_f32(kt_f32_to_bf16(nv_pre[i]));
 		}
 	} else {
-		memcpy(ref, pre, on * 8);
-		for (size_t i = 0; i < on; i++)
-			nv[i] = kt_bf16_to_f32(kt_f32_to_bf16(nv_pre[i]));
+		for (size_t i = 0; i < on; i++) { /* the residual summed in fp32, rounded once */
+			ref[i] = pre[i] + kt_bf16_to_f32(rh[i]);
+			nv[i] = kt_bf16_to_f32(kt_f32_to_bf16(nv_pre[i] + kt_bf16_to_f32(rh[i])));
+		}
 	}
 
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
-	struct ng_matmul_spec sp = { NG_MATMUL_FWD, N, IC, OC, gelu, bias, 0, 0, 1 };
+	struct ng_matmul_spec sp = { NG_MATMUL_FWD, N, IC, OC, gelu, bias, resid, 0, 1 };
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	if (ng_matmul_plan(&mm, &ctx, &sp)) {
 		int major = 0;
@@ -610,6 +615,9 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 	void *bx, *bw, *bb, *bo, *ba, *bs, *bws;
 	void *dx = dev_(&bx, xn, 16), *dw = dev_(&bw, wn, 0), *db = dev_(&bb, (size_t)OC * 2, 0);
 	void *dout = dev_(&bo, on * 2, 0), *daux = dev_(&ba, on * 2, 0);
+	void *br = NULL, *dres = resid ? dev_(&br, on * 2, 0) : NULL;
+	if (resid)
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dres, rh, on * 2, cudaMemcpyHostToDevice)));
 	float *ds = dev_(&bs, 32, 0); /* descales 16 bytes apart: cuBLASLt's alignment for them */
 	void *dws = mm.workspace_need ? dev_(&bws, mm.workspace_need, 0) : (bws = NULL);
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dx, xq, xn, cudaMemcpyHostToDevice)));
@@ -617,12 +625,26 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(db, bh, (size_t)OC * 2, cudaMemcpyHostToDevice)));
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ds, &dsc[0], 4, cudaMemcpyHostToDevice)));
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ds + 4, &dsc[1], 4, cudaMemcpyHostToDevice)));
-	cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL, gelu ? daux : NULL, ds,
-				       ds + 1, dws, 0), NG_ERR_INPUT, "a descale that is not "
-		     "16-byte aligned must be refused (cuBLASLt: status 15)");
-	ng_clear_error();
-	cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL, gelu ? daux : NULL, ds,
-				       ds + 4, dws, 0), NG_OK, "%s", ng_error_message());
+	if (resid) {
+		cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL, NULL, ds, ds + 4,
+					       dws, 0), NG_ERR_INPUT, "a residual plan run without "
+			     "its residual must be refused");
+		ng_clear_error();
+		cr_assert_eq(ng_matmul_run_residual(&mm, dout, dx, dw, bias ? db : NULL, dres, ds,
+						    ds + 1, dws, 0), NG_ERR_INPUT);
+		ng_clear_error();
+		cr_assert_eq(ng_matmul_run_residual(&mm, dout, dx, dw, bias ? db : NULL, dres, ds,
+						    ds + 4, dws, 0), NG_OK, "%s", ng_error_message());
+	} else {
+		cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL,
+					       gelu ? daux : NULL, ds, ds + 1, dws, 0), NG_ERR_INPUT,
+			     "a descale that is not 16-byte aligned must be refused (cuBLASLt: "
+			     "status 15)");
+		ng_clear_error();
+		cr_assert_eq(ng_matmul_run_fp8(&mm, dout, dx, dw, bias ? db : NULL,
+					       gelu ? daux : NULL, ds, ds + 4, dws, 0), NG_OK, "%s",
+			     ng_error_message());
+	}
 	cr_assert_eq(ng_matmul_run(&mm, dout, dx, dw, NULL, NULL, NULL, dws, 0), NG_ERR_INPUT,
 		     "an fp8 plan without descales must be refused");
 	ng_clear_error();
@@ -632,24 +654,26 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias)
 		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(ga, daux, on * 2, cudaMemcpyDeviceToHost)));
 	for (int pass = 0; pass < 1 + gelu; pass++) {
 		char what[96];
-		snprintf(what, sizeof(what), "%s N=%d IC=%d OC=%d gelu %d bias %d",
-			 pass ? "aux" : "out", N, IC, OC, gelu, bias);
+		snprintf(what, sizeof(what), "%s N=%d IC=%d OC=%d gelu %d bias %d resid %d",
+			 pass ? "aux" : "out", N, IC, OC, gelu, bias, resid);
 		expect_rule_(pass ? ga : go, pass ? pre : ref, pass ? nv_pre : nv, on, what, seed);
 	}
 	ng_matmul_free(&mm);
 	ng_matmul_ctx_free(&ctx);
-	void *bufs[] = { bx, bw, bb, bo, ba, bs, bws };
-	for (int i = 0; i < 7; i++)
+	void *bufs[] = { bx, bw, bb, bo, ba, bs, bws, br };
+	for (int i = 0; i < 8; i++)
 		if (bufs[i])
 			cudaFree(bufs[i]);
+	free(rh);
 	free(xq), free(wq), free(bh), free(xd), free(wd), free(bd), free(ref), free(pre);
 	free(nv), free(nv_pre), free(go), free(ga);
 }
 
-Test(fp8, matmul_fwd_bias) { matmul_case_(111, 784, 3 * 784, 0, 1); }
-Test(fp8, matmul_fwd_gelu_bias) { matmul_case_(64, 784, 4 * 784, 1, 1); }
-Test(fp8, matmul_fwd_n1) { matmul_case_(1, 4 * 784, 784, 0, 1); }
-Test(fp8, matmul_head_vp) { matmul_case_(24, 784, 50304, 0, 0); }
+Test(fp8, matmul_fwd_bias) { matmul_case_(111, 784, 3 * 784, 0, 1, 0); }
+Test(fp8, matmul_fwd_gelu_bias) { matmul_case_(64, 784, 4 * 784, 1, 1, 0); }
+Test(fp8, matmul_fwd_n1) { matmul_case_(1, 4 * 784, 784, 0, 1, 0); }
+Test(fp8, matmul_head_vp) { matmul_case_(24, 784, 50304, 0, 0, 0); }
+Test(fp8, matmul_fwd_bias_residual) { matmul_case_(111, 4 * 784, 784, 0, 1, 1); }
 
 Test(fp8, matmul_bad_specs)
 {

@@ -141,12 +141,17 @@ static void reference_(struct host_ *h, const struct mm_case *c)
 			ng_ref_gelu_fwd(h->ref, h->ref_aux, N * OC);
 		else
 			memcpy(h->ref, h->ref_aux, N * OC * sizeof(double));
+		if (c->accumulate) /* the residual add: out = residual (out0, bf16) + product */
+			for (size_t i = 0; i < N * OC; i++)
+				h->ref[i] += h->out0[i];
 		for (size_t n = 0; n < N; n++)
 			for (size_t o = 0; o < OC; o++) {
 				float s = c->bias ? h->biasf[o] : 0.0f;
 				for (size_t i = 0; i < IC; i++)
 					s += h->af[n * IC + i] * h->bf[o * IC + i];
 				h->nv_aux[n * OC + o] = round_bf16_(s);
+				if (c->accumulate)
+					s += h->out0[n * OC + o];
 				h->nv[n * OC + o] = round_bf16_(c->gelu ? gelu_f_(s) : s);
 			}
 	} else if (c->kind == NG_MATMUL_DINP) {
@@ -215,6 +220,16 @@ static void gelu_form_(const double *pre, const double *g, const double *ref, co
 		  g ? "DGELU" : "GELU", t, (unsigned long long)seed);
 }
 
+/* One run: FWD with accumulate adds the residual `res` (bf16, the output's shape). */
+static enum ng_status run_(const struct mm_case *c, const struct ng_matmul *mm, void *out,
+			   const void *a, const void *b, const void *bias, void *aux, void *dbias,
+			   const void *res, void *ws)
+{
+	if (c->kind == NG_MATMUL_FWD && c->accumulate)
+		return ng_matmul_run_residual(mm, out, a, b, bias, res, NULL, NULL, ws, 0);
+	return ng_matmul_run(mm, out, a, b, bias, aux, dbias, ws, 0);
+}
+
 static void run_case_(const struct mm_case *c)
 {
 	if (ng_cuda_device_count() == 0)
@@ -280,6 +295,9 @@ static void run_case_(const struct mm_case *c)
 	void *dbias = dev_(&bbias, OC * 2, c->offset), *daux = dev_(&baux, aux_n * 2 + 16, c->offset);
 	/* the workspace stays 256-aligned: it comes from the arena (NG_MATMUL_WORKSPACE_ALIGN) */
 	void *ddb = dev_(&bdb, OC * 4, c->offset), *dws = dev_(&bws, mm.workspace_need, 0);
+	void *bres = NULL, *dres = NULL; /* FWD + accumulate: the residual, the out0 values */
+	if (fwd && c->accumulate)
+		dres = dev_(&bres, out_n * 2, c->offset);
 	ng_bf16 *tmp = malloc(out_n * 2), *auxo = malloc(aux_n * 2 + 2);
 	void *prev = malloc(out_n * out_es), *again = malloc(out_n * out_es);
 	float *prev_db = malloc(OC * 4), *again_db = malloc(OC * 4);
@@ -308,10 +326,12 @@ static void run_case_(const struct mm_case *c)
 			for (size_t i = 0; i < out_n; i++)
 				tmp[i] = kt_f32_to_bf16(h.out0[i]);
 			up_(dout, tmp, out_n * 2);
+			if (dres)
+				up_(dres, tmp, out_n * 2);
 		}
 		down_(prev, dout, out_n * out_es); /* the state before this call */
 		down_(prev_db, ddb, OC * 4);
-		cr_assert(!ng_matmul_run(&mm, dout, da, db, dbias, daux, ddb, dws, 0), "%s",
+		cr_assert(!run_(c, &mm, dout, da, db, dbias, daux, ddb, dres, dws), "%s",
 			  ng_error_message());
 		cr_assert(!NG_CUDA_CHECK(cudaDeviceSynchronize()), "%s", ng_error_message());
 		if (dw) {
@@ -327,7 +347,7 @@ static void run_case_(const struct mm_case *c)
 		/* the same call again from the same state: the bytes must not change */
 		up_(dout, prev, out_n * out_es);
 		up_(ddb, prev_db, OC * 4);
-		cr_assert(!ng_matmul_run(&mm, dout, da, db, dbias, daux, ddb, dws, 0), "%s",
+		cr_assert(!run_(c, &mm, dout, da, db, dbias, daux, ddb, dres, dws), "%s",
 			  ng_error_message());
 		cr_assert(!NG_CUDA_CHECK(cudaDeviceSynchronize()), "%s", ng_error_message());
 		down_(again, dout, out_n * out_es);
@@ -365,8 +385,8 @@ static void run_case_(const struct mm_case *c)
 			expect_close_("dbias", h.ref_db, h.nv_db, h.gpu_db, OC, 0, seed, c);
 	}
 
-	void *bases[7] = {ba, bb, bout, bbias, baux, bdb, bws};
-	for (int i = 0; i < 7; i++)
+	void *bases[8] = {ba, bb, bout, bbias, baux, bdb, bws, bres};
+	for (int i = 0; i < 8; i++)
 		cudaFree(bases[i]);
 	ng_matmul_free(&mm);
 	ng_matmul_ctx_free(&ctx);
@@ -389,6 +409,8 @@ Test(matmul, fwd_gelu_bias_large_mean_own) { run_case_(&(struct mm_case){NG_MATM
 Test(matmul, fwd_gelu_bias_offset16_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 1, 1, 16, 0.0, 0, 0, 1}); }
 Test(matmul, fwd_bias_n1_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 1, 1, 0, 0.0, 0, 0, 1}); }
 Test(matmul, fwd_head_vp_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 1, 1, 0, 0.0, 1, 0, 1}); }
+Test(matmul, fwd_bias_residual) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, C776, 0, 1, 1, 0, 1, 0, 0.0, 1, 0, 0}); }
+Test(matmul, fwd_bias_residual_autotune_offset16) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 96, 4 * C776, C776, 0, 1, 1, 1, 1, 16, 1.0, 0, 0, 0}); }
 Test(matmul, fwd_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
 Test(matmul, fwd_gelu_autotune) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 64, 256, 1024, 1, 0, 0, 1, 1, 0, 0.0, 0, 0, 0}); }
 Test(matmul, dinp_plain) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, C776, 3 * C776, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }

@@ -196,9 +196,28 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		cr_assert_eq(count_kind(&g, NG_OP_ATTENTION_FWD), K * L);
 		cr_assert_eq(count_kind(&g, NG_OP_ATTENTION_BWD), K * L);
 		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_BWD), K * (2 * L + 1));
+		/* the residual adds are in the attproj and fcproj epilogues: plain LayerNorms */
 		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_FWD),
-			     K * (1 + (o.recompute_layernorm ? 2 * L : 0)));
-		cr_assert_eq(count_kind(&g, NG_OP_RESIDUAL_LAYERNORM_FWD), K * 2 * L);
+			     K * (2 * L + 1 + (o.recompute_layernorm ? 2 * L : 0)));
+		cr_assert_eq(count_kind(&g, NG_OP_RESIDUAL_LAYERNORM_FWD), 0);
+		for (int i = 0; i < g.n_ops; i++) {
+			const struct ng_op *op = &g.ops[i];
+			int proj = op->kind == NG_OP_MATMUL_FWD &&
+				   (op->which == NG_OP_WHICH_ATTPROJ || op->which == NG_OP_WHICH_FCPROJ);
+			cr_assert_eq(op->residual, proj, "%s", op->name);
+			if (!proj)
+				continue;
+			/* the residual: the block input (attproj) or resid1 (fcproj), read last; the
+			 * output is the next residual stream, a different tensor */
+			const struct ng_tensor *r = &g.tensors[op->in[op->n_in - 1]];
+			const struct ng_tensor *o2 = &g.tensors[op->out[0]];
+			cr_assert(op->in[op->n_in - 1] != op->out[0], "%s", op->name);
+			cr_assert(r->bytes == o2->bytes && r->dtype == NG_DTYPE_BF16, "%s: %s", op->name,
+				  r->name);
+			cr_assert(strstr(o2->name, op->which == NG_OP_WHICH_ATTPROJ ? "resid1"
+										    : "resid2"),
+				  "%s writes %s", op->name, o2->name);
+		}
 		/* unfused DGELU: GELU_BWD recomputes the activation (--recompute gelu) and sums the
 		 * fc bias gradient, which the fc dW then leaves out */
 		const int fused_bwd = (o.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
@@ -467,7 +486,7 @@ Test(step, fp8_graphs, .init = setup_)
 				continue;
 			if (!(mask & ng_fp8_bit(op->which))) {
 				cr_assert_eq(op->fp8, 0, "%s (mask %d)", op->name, mask);
-				cr_assert_eq(op->n_in, 2, "%s", op->name);
+				cr_assert_eq(op->n_in - op->residual, 2, "%s", op->name);
 				continue;
 			}
 			chunks += op->which == NG_OP_WHICH_HEAD;
@@ -480,7 +499,7 @@ Test(step, fp8_graphs, .init = setup_)
 			/* LayerNorm inputs come as the LayerNorm's E4M3 copy, the others are cast */
 			int from_ln = op->which == NG_OP_WHICH_QKV || op->which == NG_OP_WHICH_FC ||
 				      op->which == NG_OP_WHICH_HEAD;
-			cr_assert_eq(op->n_in, from_ln ? 5 : 4, "%s", op->name);
+			cr_assert_eq(op->n_in - op->residual, from_ln ? 5 : 4, "%s", op->name);
 			size_t ic = op->which == NG_OP_WHICH_FCPROJ ? 4 * (size_t)c.C : (size_t)c.C;
 			if (from_ln) {
 				const struct ng_tensor *t8 = &tr.tensors[op->in[4]];
