@@ -824,23 +824,6 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 					pp(e, g, pb, op->param[0], op->layer),
 					pp(e, g, pb, op->param[1], op->layer), N, C, s);
 	}
-	case NG_OP_RESIDUAL_LAYERNORM_FWD: {
-		int pb = op->in[2];
-		if (op->fp8)
-			return ng_residual_layernorm_fwd_fp8(
-				ng_exec_tensor_(e, g, op->out[0]), ng_exec_tensor_(e, g, op->out[1]),
-				ng_exec_tensor_(e, g, op->out[4]),
-				ln_fp8_field(e, g, op, NG_FP8_ACT_SCALE),
-				ln_fp8_field(e, g, op, NG_FP8_ACT_AMAX), ng_exec_tensor_(e, g, op->out[2]),
-				ng_exec_tensor_(e, g, op->out[3]), ng_exec_tensor_(e, g, op->in[0]),
-				ng_exec_tensor_(e, g, op->in[1]), pp(e, g, pb, op->param[0], op->layer),
-				pp(e, g, pb, op->param[1], op->layer), N, C, s);
-		return ng_residual_layernorm_fwd(ng_exec_tensor_(e, g, op->out[0]), ng_exec_tensor_(e, g, op->out[1]),
-						 ng_exec_tensor_(e, g, op->out[2]), ng_exec_tensor_(e, g, op->out[3]),
-						 ng_exec_tensor_(e, g, op->in[0]), ng_exec_tensor_(e, g, op->in[1]),
-						 pp(e, g, pb, op->param[0], op->layer),
-						 pp(e, g, pb, op->param[1], op->layer), N, C, s);
-	}
 	case NG_OP_MATMUL_FWD: {
 		const struct ng_matmul *mm = &e->plans[plan].mm;
 		int ic = mm->spec.IC;

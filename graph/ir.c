@@ -34,7 +34,7 @@ const char *ng_op_kind_name(enum ng_op_kind kind)
 {
 	static const char *n[NG_OP_KIND_COUNT] = {
 		"tokens_h2d", "tokens_split", "zero", "encoder_fwd", "layernorm_fwd",
-		"residual_layernorm_fwd", "matmul_fwd", "gelu_fwd", "attention_fwd",
+		"matmul_fwd", "gelu_fwd", "attention_fwd",
 		"crossentropy", "loss_accumulate", "matmul_dinp", "matmul_dw", "gelu_bwd",
 		"attention_bwd", "layernorm_bwd", "encoder_bwd", "grad_norm", "schedule", "adamw",
 		"step_finish", "gather_rows", "logits_out", "fp8_prep",

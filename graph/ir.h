@@ -31,8 +31,6 @@
  *                     attr layer, which = LN1/LN2/LNF, param = {LNxW, LNxB}.
  *                     recompute = 1 (a backward recompute): in: x, params_bf16, mean, rstd;
  *                     out: ln only (the stored statistics are reused).
- *   RESIDUAL_LAYERNORM_FWD in: a, b, params_bf16. out: resid = a + b (B, T, C) bf16, ln, mean,
- *                     rstd. attr layer, which, param as LAYERNORM_FWD.
  *   MATMUL_FWD        in: inp (rows, IC) bf16, params_bf16. out: out (rows, OC) bf16 [, aux
  *                     pre-activation (rows, OC) bf16 when gelu = 1: out = GELU(aux)].
  *                     attr which = QKV/ATTPROJ/FC/FCPROJ/HEAD, layer, gelu, param = {W, B}
@@ -145,7 +143,7 @@ enum ng_role {
 
 enum ng_op_kind {
 	NG_OP_TOKENS_H2D, NG_OP_TOKENS_SPLIT, NG_OP_ZERO, NG_OP_ENCODER_FWD, NG_OP_LAYERNORM_FWD,
-	NG_OP_RESIDUAL_LAYERNORM_FWD, NG_OP_MATMUL_FWD, NG_OP_GELU_FWD, NG_OP_ATTENTION_FWD,
+	NG_OP_MATMUL_FWD, NG_OP_GELU_FWD, NG_OP_ATTENTION_FWD,
 	NG_OP_CROSSENTROPY, NG_OP_LOSS_ACCUMULATE, NG_OP_MATMUL_DINP, NG_OP_MATMUL_DW,
 	NG_OP_GELU_BWD, NG_OP_ATTENTION_BWD, NG_OP_LAYERNORM_BWD, NG_OP_ENCODER_BWD,
 	NG_OP_GRAD_NORM, NG_OP_SCHEDULE, NG_OP_ADAMW, NG_OP_STEP_FINISH, NG_OP_GATHER_ROWS,

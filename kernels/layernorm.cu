@@ -1,5 +1,7 @@
 /*
- * kernels/layernorm.cu — LayerNorm forward (optionally fused with the residual add) and backward.
+ * kernels/layernorm.cu — LayerNorm forward (optionally with an E4M3 copy of its output) and
+ * backward. The block's residual adds are not here: they are in the epilogues of the attproj and
+ * fcproj matmuls (ng_matmul_run_residual), so the forward only reads the residual stream.
  *
  * Forward, layernorm_fwd_warp_per_row<NCH>: one warp per row; lane l owns channels l*8 + 256 j
  * (16-byte loads), j < NCH, so the row lives in registers (C <= 4096, kept as packed bf16 and
@@ -50,32 +52,27 @@
 /* Chunks of 8 channels each lane holds: lane l owns channels l*8 + 256 j, j < NCH. The row
  * lives in registers, and all of a row's loads are issued before any is used (memory-level
  * parallelism: that is what makes a warp-per-row kernel reach HBM bandwidth). */
-template <int NCH, bool RESID>
-static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *resid, __nv_bfloat16 *out,
-						  float *mean, float *rstd,
-						  const __nv_bfloat16 *a, const __nv_bfloat16 *b,
-						  const __nv_bfloat16 *w, const __nv_bfloat16 *bias,
-						  int N, int C, uint8_t *out8, const float *scale8,
-						  float *amax8)
+template <int NCH>
+static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *out, float *mean, float *rstd,
+						  const __nv_bfloat16 *a, const __nv_bfloat16 *w,
+						  const __nv_bfloat16 *bias, int N, int C,
+						  uint8_t *out8, const float *scale8, float *amax8)
 {
 	int warp = threadIdx.x / NG_WARP, lane = threadIdx.x % NG_WARP;
 	int row = blockIdx.x * LN_FWD_WARPS + warp;
 	if (row >= N)
 		return;
 	size_t off = (size_t)row * C;
-	struct ng_bf16x8 ra[NCH], rb[NCH];
+	struct ng_bf16x8 ra[NCH];
 #pragma unroll
 	for (int j = 0; j < NCH; j++) {
 		int c = lane * 8 + j * NG_WARP * 8;
-		if (c < C) {
+		if (c < C)
 			ra[j] = ng_load8_stream_(a + off + c);
-			if (RESID)
-				rb[j] = ng_load8_stream_(b + off + c);
-		}
 	}
 	float sum = 0.0f;
-	/* the row stays packed: ra[j] holds the (rounded) row, unpacked again in each pass (d48:
-	 * 36.6-39.3 us over three runs against 39.6-39.8 us with fp32 copies of the row) */
+	/* the row stays packed: ra[j] holds the row, unpacked again in each pass (d48: 36.6-39.3
+	 * us over three runs against 39.6-39.8 us with fp32 copies of the row) */
 #pragma unroll
 	for (int j = 0; j < NCH; j++) {
 		int c = lane * 8 + j * NG_WARP * 8;
@@ -83,16 +80,6 @@ static __global__ void layernorm_fwd_warp_per_row(__nv_bfloat16 *resid, __nv_bfl
 			continue;
 		float x[8];
 		ng_unpack8_(x, ra[j]);
-		if (RESID) {
-			float u[8];
-			ng_unpack8_(u, rb[j]);
-#pragma unroll
-			for (int k = 0; k < 8; k++)
-				x[k] += u[k];
-			ra[j] = ng_pack8_(x);
-			ng_store8_(resid + off + c, ra[j]);
-			ng_unpack8_(x, ra[j]); /* normalise the rounded residual */
-		}
 #pragma unroll
 		for (int k = 0; k < 8; k++)
 			sum += x[k];
@@ -496,21 +483,21 @@ static enum ng_status check_args(const char *who, int N, int C, const void *p0, 
 
 /* The kernel arguments of both directions, so the NCH dispatch is written once. */
 struct ln_args {
-	__nv_bfloat16 *resid, *out, *dinp;            /* outputs (bf16) */
-	float *mean, *rstd, *part_dw, *part_db;       /* statistics / partials (fp32) */
-	const __nv_bfloat16 *a, *b, *w, *bias, *dout; /* inputs (bf16) */
-	const float *cmean, *crstd;                   /* the forward's statistics (backward) */
-	int N, C;                                     /* rows, channels */
-	uint8_t *out8;                                /* forward: E4M3 copy of out, or NULL */
-	const float *scale8;                          /* its scale (1) */
-	float *amax8;                                 /* its maximum (NG_FP8_AMAX_FLOATS), max= */
+	__nv_bfloat16 *out, *dinp;                 /* outputs (bf16) */
+	float *mean, *rstd, *part_dw, *part_db;    /* statistics / partials (fp32) */
+	const __nv_bfloat16 *a, *w, *bias, *dout;  /* inputs (bf16): a is the LayerNorm input */
+	const float *cmean, *crstd;                /* the forward's statistics (backward) */
+	int N, C;                                  /* rows, channels */
+	uint8_t *out8;                             /* forward: E4M3 copy of out, or NULL */
+	const float *scale8;                       /* its scale (1) */
+	float *amax8;                              /* its maximum (NG_FP8_AMAX_FLOATS), max= */
 };
 
-/* KIND 0: forward, 1: residual forward, 2: backward partials. */
+/* KIND 0: forward, 1: backward partials. */
 template <int NCH, int KIND>
 static enum ng_status ln_launch_nch(const struct ln_args *x, cudaStream_t s)
 {
-	if (KIND == 2) {
+	if (KIND == 1) {
 		size_t smem = (size_t)LN_WARPS * 2 * x->C * sizeof(float);
 		enum ng_status st = ng_ensure_smem_(layernorm_bwd_warp_per_row_partials<NCH>, smem);
 		if (st)
@@ -522,9 +509,9 @@ static enum ng_status ln_launch_nch(const struct ln_args *x, cudaStream_t s)
 		return NG_LAUNCH_CHECK("layernorm_bwd_warp_per_row_partials");
 	}
 	unsigned grid = (unsigned)((x->N + LN_FWD_WARPS - 1) / LN_FWD_WARPS);
-	layernorm_fwd_warp_per_row<NCH, KIND == 1><<<grid, LN_FWD_WARPS * NG_WARP, 0, s>>>(
-		x->resid, x->out, x->mean, x->rstd, x->a, x->b, x->w, x->bias, x->N, x->C, x->out8,
-		x->scale8, x->amax8);
+	layernorm_fwd_warp_per_row<NCH><<<grid, LN_FWD_WARPS * NG_WARP, 0, s>>>(
+		x->out, x->mean, x->rstd, x->a, x->w, x->bias, x->N, x->C, x->out8, x->scale8,
+		x->amax8);
 	return NG_LAUNCH_CHECK("layernorm_fwd_warp_per_row");
 }
 
@@ -568,7 +555,7 @@ static enum ng_status ln_launch_bwd_staged_t(const struct ln_args *x, cudaStream
 static enum ng_status ln_launch_bwd(const struct ln_args *x, cudaStream_t s)
 {
 	if (!bwd_is_staged(x->C))
-		return ln_launch<2>(x, s);
+		return ln_launch<1>(x, s);
 	if (staged_threads(x->C) <= 256)
 		return ln_launch_bwd_staged_t<256>(x, s);
 	return ln_launch_bwd_staged_t<512>(x, s);
@@ -613,46 +600,6 @@ extern "C" enum ng_status ng_layernorm_fwd(ng_bf16 *out, float *mean, float *rst
 					   int N, int C, cudaStream_t s)
 {
 	return ng_layernorm_fwd_fp8(out, NULL, NULL, NULL, mean, rstd, inp, w, b, N, C, s);
-}
-
-extern "C" enum ng_status ng_residual_layernorm_fwd_fp8(ng_bf16 *resid, ng_bf16 *out,
-							uint8_t *out8, const float *scale8,
-							float *amax8, float *mean, float *rstd,
-							const ng_bf16 *a, const ng_bf16 *b,
-							const ng_bf16 *w, const ng_bf16 *bias,
-							int N, int C, cudaStream_t s)
-{
-	enum ng_status st =
-		check_args("ng_residual_layernorm_fwd", N, C, resid, out, a, b, w, bias);
-	if (!st)
-		st = check_fp8("ng_residual_layernorm_fwd", out8, scale8, amax8);
-	if (st)
-		return st;
-	struct ln_args x = {};
-	x.resid = (__nv_bfloat16 *)resid;
-	x.out = (__nv_bfloat16 *)out;
-	x.mean = mean;
-	x.rstd = rstd;
-	x.a = (const __nv_bfloat16 *)a;
-	x.b = (const __nv_bfloat16 *)b;
-	x.w = (const __nv_bfloat16 *)w;
-	x.bias = (const __nv_bfloat16 *)bias;
-	x.N = N;
-	x.C = C;
-	x.out8 = out8;
-	x.scale8 = scale8;
-	x.amax8 = amax8;
-	return ln_launch<1>(&x, s);
-}
-
-extern "C" enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid, ng_bf16 *out, float *mean,
-						    float *rstd, const ng_bf16 *a,
-						    const ng_bf16 *b, const ng_bf16 *w,
-						    const ng_bf16 *bias, int N, int C,
-						    cudaStream_t s)
-{
-	return ng_residual_layernorm_fwd_fp8(resid, out, NULL, NULL, NULL, mean, rstd, a, b, w,
-					     bias, N, C, s);
 }
 
 extern "C" enum ng_status ng_layernorm_bwd(ng_bf16 *dinp, float *dw, float *db,

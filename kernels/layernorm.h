@@ -1,6 +1,6 @@
 /*
- * kernels/layernorm.h — LayerNorm (eps 1e-5, biased variance, affine), forward, forward fused
- * with the residual add, and backward. Statistics are fp32, activations bf16.
+ * kernels/layernorm.h — LayerNorm (eps 1e-5, biased variance, affine), forward (optionally with
+ * an E4M3 copy of its output) and backward. Statistics are fp32, activations bf16.
  * Shapes: rows N (= B*T tokens), channels C with C % 8 == 0; every bf16 pointer 16-byte aligned.
  * Valid C11; launchers return NG_OK or a recorded error (util/status.h).
  */
@@ -27,19 +27,7 @@ enum ng_status ng_layernorm_fwd(ng_bf16 *out,        /* (N, C) bf16, = */
 				const ng_bf16 *b,    /* (C) bf16 */
 				int N, int C, cudaStream_t s);
 
-/* resid = a + b (rounded to bf16), then out = layernorm(resid): the statistics are those of
- * the rounded residual, the tensor the backward will see. */
-enum ng_status ng_residual_layernorm_fwd(ng_bf16 *resid,      /* (N, C) bf16, = a + b */
-					 ng_bf16 *out,        /* (N, C) bf16, = */
-					 float *mean,         /* (N) fp32, = (or NULL) */
-					 float *rstd,         /* (N) fp32, = (or NULL) */
-					 const ng_bf16 *a,    /* (N, C) bf16 */
-					 const ng_bf16 *b,    /* (N, C) bf16 */
-					 const ng_bf16 *w,    /* (C) bf16 */
-					 const ng_bf16 *bias, /* (C) bf16 */
-					 int N, int C, cudaStream_t s);
-
-/* The two forwards with an E4M3 copy of `out` for an fp8 matmul (kernels/fp8.h): out8 =
+/* The forward with an E4M3 copy of `out` for an fp8 matmul (kernels/fp8.h): out8 =
  * E4M3(bf16 out * *scale8), byte for byte what ng_fp8_cast_e4m3 of `out` gives, and the
  * maximum |out| max= into amax8[(row % NG_FP8_AMAX_SUB) * NG_FP8_AMAX_STRIDE] (one atomic per
  * row, spread over those NG_FP8_AMAX_SUB lines: the slot's maximum is theirs; amax8 holds
@@ -49,11 +37,6 @@ enum ng_status ng_layernorm_fwd_fp8(ng_bf16 *out, uint8_t *out8, const float *sc
 				    float *amax8, float *mean, float *rstd, const ng_bf16 *inp,
 				    const ng_bf16 *w, const ng_bf16 *b, int N, int C,
 				    cudaStream_t s);
-enum ng_status ng_residual_layernorm_fwd_fp8(ng_bf16 *resid, ng_bf16 *out, uint8_t *out8,
-					     const float *scale8, float *amax8, float *mean,
-					     float *rstd, const ng_bf16 *a, const ng_bf16 *b,
-					     const ng_bf16 *w, const ng_bf16 *bias, int N, int C,
-					     cudaStream_t s);
 
 /* dinp += d(loss)/d(inp); dw += sum_rows dout * xhat; db += sum_rows dout. Deterministic:
  * fixed-order per-block partials in scratch (ng_layernorm_bwd_scratch_bytes(N, C) bytes,

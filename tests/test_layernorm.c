@@ -1,10 +1,10 @@
 /*
- * tests/test_layernorm.c — LayerNorm forward, residual + LayerNorm forward and backward
- * (kernels/layernorm.h) against ng_ref_layernorm_fwd/bwd (graph/cpu_ops.h, double).
+ * tests/test_layernorm.c — LayerNorm forward and backward (kernels/layernorm.h) against
+ * ng_ref_layernorm_fwd/bwd (graph/cpu_ops.h, double).
  * bf16 outputs: the rounded reference, 2 ulp + a small atol (cancellation in w*xhat + b).
  * mean/rstd (fp32): NMSE <= 1e-7. dw/db (reductions): the FlashAttention rule against a naive
  * fp32 row loop. Backward bytes identical over two runs. Shapes: N = 3 (T = 1), C = 776,
- * C = 1600 with mean 100 (large-mean inputs), C = 768. The E4M3 copy of the forwards: the
+ * C = 1600 with mean 100 (large-mean inputs), C = 768. The E4M3 copy of the forward: the
  * bytes of a cast of the bf16 output, and its maximum.
  */
 #include <criterion/criterion.h>
@@ -18,8 +18,8 @@
  * copy byte for byte what ng_fp8_cast_e4m3 makes of that output with the same scale (one large
  * enough that the widest values saturate), and the NG_FP8_AMAX_SUB maxima whose largest is
  * max |out|. */
-static void ln_fwd_fp8_same_(int N, int C, int resid, const ng_bf16 *out, const void *d_out,
-			     const void *d_a, const void *d_b, const void *d_w, const void *d_bias)
+static void ln_fwd_fp8_same_(int N, int C, const ng_bf16 *out, const void *d_out,
+			     const void *d_a, const void *d_w, const void *d_bias)
 {
 	size_t n = (size_t)N * C;
 	float ymax = 0;
@@ -29,15 +29,10 @@ static void ln_fwd_fp8_same_(int N, int C, int resid, const ng_bf16 *out, const 
 	float *d_sc = kt_upload(sc, sizeof(sc));
 	float *d_amax = kt_upload(NULL, NG_FP8_AMAX_FLOATS * 4);
 	kt_cuda(cudaMemset(d_amax, 0, NG_FP8_AMAX_FLOATS * 4), "cudaMemset");
-	void *d_o2 = kt_upload(NULL, n * 2), *d_r2 = kt_upload(NULL, n * 2);
+	void *d_o2 = kt_upload(NULL, n * 2);
 	uint8_t *d_8 = kt_upload(NULL, n), *d_c8 = kt_upload(NULL, n);
-	if (resid)
-		kt_ok(ng_residual_layernorm_fwd_fp8(d_r2, d_o2, d_8, d_sc, d_amax, NULL, NULL, d_a,
-						    d_b, d_w, d_bias, N, C, 0),
-		      "ng_residual_layernorm_fwd_fp8");
-	else
-		kt_ok(ng_layernorm_fwd_fp8(d_o2, d_8, d_sc, d_amax, NULL, NULL, d_a, d_w, d_bias, N, C,
-					   0), "ng_layernorm_fwd_fp8");
+	kt_ok(ng_layernorm_fwd_fp8(d_o2, d_8, d_sc, d_amax, NULL, NULL, d_a, d_w, d_bias, N, C, 0),
+	      "ng_layernorm_fwd_fp8");
 	kt_ok(ng_fp8_cast_e4m3(d_c8, d_out, d_sc, n, 0), "ng_fp8_cast_e4m3");
 	ng_bf16 *o2 = kt_xmalloc(n * 2);
 	uint8_t *g8 = kt_xmalloc(n), *c8 = kt_xmalloc(n);
@@ -60,66 +55,49 @@ static void ln_fwd_fp8_same_(int N, int C, int resid, const ng_bf16 *out, const 
 		got = fmaxf(got, am[j]);
 	cr_expect_eq(got, ymax, "N=%d C=%d: amax %a, max |out| %a", N, C, got, ymax);
 	cr_log_info("fp8 copy N=%d C=%d: %zu bytes saturated", N, C, sat);
-	cudaFree(d_sc), cudaFree(d_amax), cudaFree(d_o2), cudaFree(d_r2), cudaFree(d_8);
-	cudaFree(d_c8);
+	cudaFree(d_sc), cudaFree(d_amax), cudaFree(d_o2), cudaFree(d_8), cudaFree(d_c8);
 	free(o2), free(g8), free(c8);
 }
 
-static void ln_fwd_case(int N, int C, double mean, int resid)
+static void ln_fwd_case(int N, int C, double mean)
 {
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	size_t n = (size_t)N * C;
-	ng_bf16 *a = kt_xmalloc(n * 2), *b = kt_xmalloc(n * 2), *w = kt_xmalloc(C * 2),
-		*bias = kt_xmalloc(C * 2), *out = kt_xmalloc(n * 2), *res = kt_xmalloc(n * 2);
-	double *a_d = kt_xmalloc(n * 8), *b_d = kt_xmalloc(n * 8), *w_d = kt_xmalloc(C * 8),
-	       *bias_d = kt_xmalloc(C * 8), *x_d = kt_xmalloc(n * 8), *ref = kt_xmalloc(n * 8),
-	       *mref = kt_xmalloc(N * 8), *rref = kt_xmalloc(N * 8);
+	ng_bf16 *a = kt_xmalloc(n * 2), *w = kt_xmalloc(C * 2), *bias = kt_xmalloc(C * 2),
+		*out = kt_xmalloc(n * 2);
+	double *a_d = kt_xmalloc(n * 8), *w_d = kt_xmalloc(C * 8), *bias_d = kt_xmalloc(C * 8),
+	       *ref = kt_xmalloc(n * 8), *mref = kt_xmalloc(N * 8), *rref = kt_xmalloc(N * 8);
 	kt_fill_bf16(&r, a, a_d, n, mean, 2.0);
-	kt_fill_bf16(&r, b, b_d, n, 0.0, 1.0);
 	kt_fill_bf16(&r, w, w_d, C, 1.0, 0.2);
 	kt_fill_bf16(&r, bias, bias_d, C, 0.0, 0.2);
-	for (size_t i = 0; i < n; i++) /* the fused kernel normalises the bf16-rounded sum */
-		x_d[i] = resid ? kt_round_bf16((double)((float)a_d[i] + (float)b_d[i])) : a_d[i];
-	ng_ref_layernorm_fwd(ref, mref, rref, x_d, w_d, bias_d, N, C);
+	ng_ref_layernorm_fwd(ref, mref, rref, a_d, w_d, bias_d, N, C);
 
-	void *d_a = kt_upload(a, n * 2), *d_b = kt_upload(b, n * 2), *d_w = kt_upload(w, C * 2);
+	void *d_a = kt_upload(a, n * 2), *d_w = kt_upload(w, C * 2);
 	void *d_bias = kt_upload(bias, C * 2), *d_out = kt_upload(NULL, n * 2);
-	void *d_res = kt_upload(NULL, n * 2);
 	float *d_m = kt_upload(NULL, N * 4), *d_r = kt_upload(NULL, N * 4);
-	if (resid)
-		kt_ok(ng_residual_layernorm_fwd(d_res, d_out, d_m, d_r, d_a, d_b, d_w, d_bias, N, C, 0),
-		      "ng_residual_layernorm_fwd");
-	else
-		kt_ok(ng_layernorm_fwd(d_out, d_m, d_r, d_a, d_w, d_bias, N, C, 0), "ng_layernorm_fwd");
+	kt_ok(ng_layernorm_fwd(d_out, d_m, d_r, d_a, d_w, d_bias, N, C, 0), "ng_layernorm_fwd");
 	float *m = kt_xmalloc(N * 4), *rs = kt_xmalloc(N * 4);
 	kt_download(out, d_out, n * 2);
 	kt_download(m, d_m, N * 4);
 	kt_download(rs, d_r, N * 4);
 	char what[128];
-	snprintf(what, sizeof(what), "%slayernorm_fwd out N=%d C=%d mean=%g", resid ? "residual_" : "",
-		 N, C, mean);
+	snprintf(what, sizeof(what), "layernorm_fwd out N=%d C=%d mean=%g", N, C, mean);
 	double ymax = 0;
 	for (size_t i = 0; i < n; i++)
 		ymax = fmax(ymax, fabs(ref[i]));
 	check_bf16_(what, seed, out, ref, n, 2.0, 1e-5 * ymax);
-	if (resid) {
-		kt_download(res, d_res, n * 2);
-		snprintf(what, sizeof(what), "residual_layernorm_fwd resid N=%d C=%d", N, C);
-		check_bf16_(what, seed, res, x_d, n, 0.0, 0.0);
-	}
-	ln_fwd_fp8_same_(N, C, resid, out, d_out, d_a, d_b, d_w, d_bias);
+	ln_fwd_fp8_same_(N, C, out, d_out, d_a, d_w, d_bias);
 	double *md = kt_f2d(m, N), *rd = kt_f2d(rs, N);
 	snprintf(what, sizeof(what), "layernorm_fwd mean N=%d C=%d mean=%g", N, C, mean);
 	check_nmse_(what, seed, md, mref, N);
 	snprintf(what, sizeof(what), "layernorm_fwd rstd N=%d C=%d mean=%g", N, C, mean);
 	check_nmse_(what, seed, rd, rref, N);
-	cudaFree(d_a), cudaFree(d_b), cudaFree(d_w), cudaFree(d_bias), cudaFree(d_out);
-	cudaFree(d_res), cudaFree(d_m), cudaFree(d_r);
-	free(a), free(b), free(w), free(bias), free(out), free(res), free(a_d), free(b_d), free(w_d);
-	free(bias_d), free(x_d), free(ref), free(mref), free(rref), free(m), free(rs), free(md);
-	free(rd);
+	cudaFree(d_a), cudaFree(d_w), cudaFree(d_bias), cudaFree(d_out), cudaFree(d_m);
+	cudaFree(d_r);
+	free(a), free(w), free(bias), free(out), free(a_d), free(w_d), free(bias_d), free(ref);
+	free(mref), free(rref), free(m), free(rs), free(md), free(rd);
 }
 
 static void ln_bwd_case(int N, int C, double mean)
@@ -213,19 +191,10 @@ Test(layernorm, fwd_shapes)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	ln_fwd_case(3, 776, 0.0, 0);
-	ln_fwd_case(2048, 768, 0.5, 0);
-	ln_fwd_case(517, 1600, 100.0, 0);
-	ln_fwd_case(1, 8, 3.0, 0);
-}
-
-Test(layernorm, residual_fwd_shapes)
-{
-	if (ng_cuda_device_count() == 0)
-		cr_skip_test("no CUDA device");
-	ln_fwd_case(3, 776, 0.0, 1);
-	ln_fwd_case(1000, 768, 0.0, 1);
-	ln_fwd_case(333, 1600, 50.0, 1);
+	ln_fwd_case(3, 776, 0.0);
+	ln_fwd_case(2048, 768, 0.5);
+	ln_fwd_case(517, 1600, 100.0);
+	ln_fwd_case(1, 8, 3.0);
 }
 
 Test(layernorm, bwd_shapes_and_determinism)

@@ -199,7 +199,6 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		/* the residual adds are in the attproj and fcproj epilogues: plain LayerNorms */
 		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_FWD),
 			     K * (2 * L + 1 + (o.recompute_layernorm ? 2 * L : 0)));
-		cr_assert_eq(count_kind(&g, NG_OP_RESIDUAL_LAYERNORM_FWD), 0);
 		for (int i = 0; i < g.n_ops; i++) {
 			const struct ng_op *op = &g.ops[i];
 			int proj = op->kind == NG_OP_MATMUL_FWD &&
@@ -508,8 +507,7 @@ Test(step, fp8_graphs, .init = setup_)
 				const struct ng_op *w = &tr.ops[t8->first_op]; /* its writer */
 				cr_assert(w->fp8 && w->out[w->n_out - 1] == op->in[4] &&
 					  w->in[w->n_in - 1] == tr.t_fp8_state &&
-					  (w->kind == NG_OP_LAYERNORM_FWD ||
-					   w->kind == NG_OP_RESIDUAL_LAYERNORM_FWD),
+					  w->kind == NG_OP_LAYERNORM_FWD,
 					  "%s: written by %s", op->name, w->name);
 			} else {
 				cr_assert_geq(tr.tensors[op->scratch].bytes,

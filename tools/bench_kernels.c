@@ -237,12 +237,6 @@ static enum ng_status l_ln_fwd(struct bench *b, int r, void *a)
 	return ng_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 3, r), x->p[4],
 				x->p[4], (int)b->N, b->C, BS);
 }
-static enum ng_status l_res_ln_fwd(struct bench *b, int r, void *a)
-{
-	struct bufs *x = a;
-	return ng_residual_layernorm_fwd(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), AT(x, 2, r), AT(x, 3, r),
-					 AT(x, 4, r), x->p[5], x->p[5], (int)b->N, b->C, BS);
-}
 /* --fp8: the E4M3 cast of an fcproj input (N x 4C), and LN2 with its E4M3 copy. The scale
  * (0x3c bytes: a finite float) and the maxima (NG_FP8_AMAX_FLOATS) have a buffer of their own,
  * apart from the LayerNorm's weights. */
@@ -259,13 +253,12 @@ static enum ng_status l_fp8_wt(struct bench *b, int r, void *a)
 	return ng_fp8_cast_e4m3_wt_seg(AT(x, 1, r), AT(x, 2, r), AT(x, 0, r), x->p[3], 4 * b->C,
 				       b->C, 12, BS);
 }
-static enum ng_status l_res_ln_fwd_fp8(struct bench *b, int r, void *a)
+static enum ng_status l_ln_fwd_fp8(struct bench *b, int r, void *a)
 {
 	struct bufs *x = a;
-	return ng_residual_layernorm_fwd_fp8(AT(x, 0, r), AT(x, 1, r), AT(x, 6, r), x->p[7],
-					     (float *)x->p[7] + 64, AT(x, 2, r), AT(x, 2, r),
-					     AT(x, 3, r), AT(x, 4, r), x->p[5], x->p[5], (int)b->N,
-					     b->C, BS);
+	return ng_layernorm_fwd_fp8(AT(x, 0, r), AT(x, 5, r), x->p[6], (float *)x->p[6] + 64,
+				    AT(x, 1, r), AT(x, 2, r), AT(x, 3, r), x->p[4], x->p[4], (int)b->N,
+				    b->C, BS);
 }
 static enum ng_status l_ln_bwd(struct bench *b, int r, void *a)
 {
@@ -501,16 +494,11 @@ static void run_shape(const char *preset, int B)
 	x.p[4] = carve(b, (64u << 20));
 	time_kernel(b, "layernorm_fwd", by, l_ln_fwd, &x);
 
-	by = 4.0 * act + 8.0 * N;
-	setup(b, &x, by, 6, (size_t[]){act, act, N * 4, act, act, 0});
-	x.p[5] = carve(b, C * 4);
-	time_kernel(b, "residual_layernorm_fwd", by, l_res_ln_fwd, &x);
-
-	by = 4.0 * act + 8.0 * N + act / 2; /* + the E4M3 copy, a byte an element */
-	setup(b, &x, by, 7, (size_t[]){act, act, N * 4, act, act, 0, act / 2});
-	x.p[5] = carve(b, C * 4);
-	x.p[7] = carve(b, 64 * 4 + NG_FP8_AMAX_FLOATS * 4);
-	time_kernel(b, "residual_layernorm_fwd + E4M3 copy (--fp8)", by, l_res_ln_fwd_fp8, &x);
+	by = 2.0 * act + 8.0 * N + act / 2; /* + the E4M3 copy, a byte an element */
+	setup(b, &x, by, 6, (size_t[]){act, N * 4, N * 4, act, 0, act / 2});
+	x.p[4] = carve(b, C * 4);
+	x.p[6] = carve(b, 64 * 4 + NG_FP8_AMAX_FLOATS * 4);
+	time_kernel(b, "layernorm_fwd + E4M3 copy (--fp8)", by, l_ln_fwd_fp8, &x);
 
 	by = 6.0 * act; /* N x 4C elements: 2 bytes in, 1 out */
 	setup(b, &x, by, 3, (size_t[]){act * 2, act * 4, 0});
