@@ -31,6 +31,9 @@
 static const enum ng_gemm_tile own_tiles_[] = { NG_GEMM_TILE_128x128 };
 #define NG_MM_MAX_OWN ((int)(sizeof(own_tiles_) / sizeof(own_tiles_[0])))
 #define NG_MM_SCRATCH_ALIGN 256
+_Static_assert(NG_MM_MAX_CANDIDATES + NG_MM_MAX_OWN <=
+		       (int)(sizeof(((struct ng_matmul *)0)->tuned_ms) / sizeof(float)),
+	       "ng_matmul.tuned_ms holds a time for every candidate");
 
 static const char *kind_name_(enum ng_matmul_kind k)
 {
