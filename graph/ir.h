@@ -61,6 +61,10 @@
  *                     (--recompute fp8: params_bf16, W^T cast in the scratch), fp8_state; dout
  *                     is cast to E5M2 at the front of the scratch (the slot's delayed scale,
  *                     recording its maximum) and multiplied by W^T in E4M3.
+ *                     own = 1 (FCPROJ, gelu = 1; --gelu-fusion own, unless --fp8 made this
+ *                     dinp fp8): our own GEMM
+ *                     (kernels/gemm_sm90.h) with W^T in the scratch; with --recompute gelu
+ *                     also out: post (N, IC) bf16 = GELU(aux), what the fcproj dW reads.
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.
@@ -211,6 +215,7 @@ struct ng_op {
 	int fp8;                   /* MATMUL_FWD / DINP: fp8 operands (see the kind's comment) */
 	int residual;              /* MATMUL_FWD: 1 = out = in[n_in - 1] (rows, OC) bf16 + the
 	                            * product (the block's residual add, in the matmul's epilogue) */
+	int own;                   /* MATMUL_DINP: 1 = our own GEMM's DGELU (see the kind) */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };
 

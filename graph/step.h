@@ -188,7 +188,8 @@ struct ng_step_options {
 				  * layer's W (or W^T) into its scratch (graph/step.h "FP8") */
 	int head_chunk_rows;     /* rows per classifier chunk; 0 = whole B*T (clamped to B*T) */
 	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
-				  * DGELU as the FC-proj dinp matmul's epilogue (BWD) */
+				  * DGELU as the FC-proj dinp matmul's epilogue (BWD; on our own
+				  * GEMM with OWN) */
 	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
 	int fp8;                 /* NG_FP8_* bits: which matmuls of the training step take fp8
 				  * operands (forward kinds, dinp kinds, AUTO; below); 0: none */
@@ -196,13 +197,16 @@ struct ng_step_options {
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };
 
-/* AUTO: the executor times the FC forward and the FC-proj backward both ways on the device at
- * plan time and sets or clears FWD and BWD (until then, with --deterministic, and wherever
- * nothing is timed, the bits as given). */
-enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUTO = 4 };
+/* AUTO: the executor times the FC forward both ways and the FC-proj backward all three ways on
+ * the device at plan time and sets or clears FWD, BWD and OWN (until then, with
+ * --deterministic, and wherever nothing is timed, the bits as given). OWN (always with BWD):
+ * the DGELU epilogue on our own GEMM (kernels/gemm_sm90.h), which also writes the recomputed
+ * GELU with --recompute gelu, instead of cuBLASLt's; "own" in the text forms. */
+enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUTO = 4,
+		    NG_GELU_FUSE_OWN = 8 };
 
-/* "auto" | "fwd,bwd" | "fwd" | "bwd" | "none" -> NG_GELU_FUSE_* bits ("auto": FWD | BWD | AUTO);
- * NG_ERR_INPUT otherwise. */
+/* "auto" | "fwd,bwd" | "fwd,own" | "fwd" | "bwd" | "own" | "none" -> NG_GELU_FUSE_* bits
+ * ("auto": FWD | BWD | AUTO; "own": BWD | OWN); NG_ERR_INPUT otherwise. */
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
 /* --recompute's comma list ("gelu", "layernorm", "fp8", or "none") -> the recompute_* options;
  * NG_ERR_INPUT with a hint otherwise, and for fp8 when fp8 (--fp8 given) is 0. */

@@ -1,5 +1,5 @@
 /*
- * kernels/elementwise.cu — GELU forward/backward, bias gradient, casts, token split.
+ * kernels/elementwise.cu — GELU forward/backward, bias gradient, casts, transpose, token split.
  *
  * All memory-bound: one thread per 8 elements (16-byte bf16 loads), a scalar tail for n % 8.
  * GELU uses the tanh approximation of GPT-2 (Hendrycks & Gimpel 2016), in fp32, written with
@@ -28,6 +28,26 @@ static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *in
 	} else {
 		for (; i < n; i++)
 			out[i] = __float2bfloat16_rn(ng_gelu_f(__bfloat162float(inp[i])));
+	}
+}
+
+/* Transpose in 32 x 32 tiles through shared memory (a padded row: no bank conflicts), 32 x 8
+ * threads a block, each moving 4 elements; reads and writes both along rows. */
+#define TP_TILE 32
+static __global__ void transpose_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *in, int R, int C)
+{
+	__shared__ __nv_bfloat16 tile[TP_TILE][TP_TILE + 2];
+	const int c0 = blockIdx.x * TP_TILE, r0 = blockIdx.y * TP_TILE;
+	for (int k = threadIdx.y; k < TP_TILE; k += 8) {
+		const int r = r0 + k, c = c0 + threadIdx.x;
+		if (r < R && c < C)
+			tile[k][threadIdx.x] = in[(size_t)r * C + c];
+	}
+	__syncthreads();
+	for (int k = threadIdx.y; k < TP_TILE; k += 8) {
+		const int c = c0 + k, r = r0 + threadIdx.x; /* out's row c, column r */
+		if (r < R && c < C)
+			out[(size_t)c * R + r] = tile[threadIdx.x][k];
 	}
 }
 
@@ -291,6 +311,26 @@ extern "C" enum ng_status ng_cast_bf16_to_f32(float *out, const ng_bf16 *in, siz
 		return st;
 	cast_bf16_to_f32_vec8<<<grid8(n), EW_THREADS, 0, s>>>(out, (const __nv_bfloat16 *)in, n);
 	return NG_LAUNCH_CHECK("cast_bf16_to_f32_vec8");
+}
+
+extern "C" enum ng_status ng_transpose_bf16(ng_bf16 *out, const ng_bf16 *in, int R, int C,
+					    cudaStream_t s)
+{
+	if (R < 1 || C < 1 || !out || !in)
+		return ng_check_arg_fail("ng_transpose_bf16", "R = %d, C = %d, out %p, in %p: R, C >= 1 "
+					 "and both pointers set", R, C, (void *)out, (const void *)in);
+	const char *o = (const char *)out, *i = (const char *)in;
+	const size_t bytes = (size_t)R * C * 2;
+	if (o < i + bytes && i < o + bytes)
+		return ng_check_arg_fail("ng_transpose_bf16", "out %p overlaps in %p (%zu bytes)",
+					 (void *)out, (const void *)in, bytes);
+	dim3 grid((C + TP_TILE - 1) / TP_TILE, (R + TP_TILE - 1) / TP_TILE);
+	if (grid.y > 65535)
+		return ng_check_arg_fail("ng_transpose_bf16", "R = %d: more than %d rows", R,
+					 65535 * TP_TILE);
+	transpose_bf16<<<grid, dim3(TP_TILE, 8), 0, s>>>((__nv_bfloat16 *)out,
+							  (const __nv_bfloat16 *)in, R, C);
+	return NG_LAUNCH_CHECK("transpose_bf16");
 }
 
 extern "C" enum ng_status ng_tokens_split(int32_t *inputs, int32_t *targets,

@@ -143,7 +143,7 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 		    fill_(b.bias, (size_t)OC, 0.5, &r))
 			return 1;
 		struct ng_matmul mm;
-		struct ng_matmul_spec s = { NG_MATMUL_FWD, M, IC, OC, mms[i].gelu, 1, 0, 1, 0 };
+		struct ng_matmul_spec s = { NG_MATMUL_FWD, M, IC, OC, mms[i].gelu, 1, 0, 1, 0, 0 };
 		if (ng_matmul_plan(&mm, ctx, &s)) {
 			fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
 			return 1;
