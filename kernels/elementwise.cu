@@ -31,23 +31,45 @@ static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *in
 	}
 }
 
-/* Transpose in 32 x 32 tiles through shared memory (a padded row: no bank conflicts), 32 x 8
- * threads a block, each moving 4 elements; reads and writes both along rows. */
-#define TP_TILE 32
+/* Transpose in 64 x 64 tiles through shared memory (rows padded by 4 bytes: at most 2-way bank
+ * conflicts), 32 x 8 threads a block; with PAIRS (R and C even) each thread moves bf16 pairs,
+ * 4-byte accesses along rows both ways, else single elements. */
+#define TP_TILE 64
+template <int PAIRS>
 static __global__ void transpose_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *in, int R, int C)
 {
 	__shared__ __nv_bfloat16 tile[TP_TILE][TP_TILE + 2];
-	const int c0 = blockIdx.x * TP_TILE, r0 = blockIdx.y * TP_TILE;
+	const int c0 = blockIdx.x * TP_TILE, r0 = blockIdx.y * TP_TILE, x = threadIdx.x;
 	for (int k = threadIdx.y; k < TP_TILE; k += 8) {
-		const int r = r0 + k, c = c0 + threadIdx.x;
-		if (r < R && c < C)
-			tile[k][threadIdx.x] = in[(size_t)r * C + c];
+		const int r = r0 + k, c = c0 + 2 * x;
+		if (r >= R)
+			break;
+		if (PAIRS && c < C) {
+			*reinterpret_cast<__nv_bfloat162 *>(&tile[k][2 * x]) =
+				*reinterpret_cast<const __nv_bfloat162 *>(in + (size_t)r * C + c);
+		} else if (!PAIRS) {
+			if (c < C)
+				tile[k][2 * x] = in[(size_t)r * C + c];
+			if (c + 1 < C)
+				tile[k][2 * x + 1] = in[(size_t)r * C + c + 1];
+		}
 	}
 	__syncthreads();
 	for (int k = threadIdx.y; k < TP_TILE; k += 8) {
-		const int c = c0 + k, r = r0 + threadIdx.x; /* out's row c, column r */
-		if (r < R && c < C)
-			out[(size_t)c * R + r] = tile[threadIdx.x][k];
+		const int c = c0 + k, r = r0 + 2 * x; /* out's row c, columns r, r + 1 */
+		if (c >= C)
+			break;
+		if (PAIRS && r < R) {
+			__nv_bfloat162 v;
+			v.x = tile[2 * x][k];
+			v.y = tile[2 * x + 1][k];
+			*reinterpret_cast<__nv_bfloat162 *>(out + (size_t)c * R + r) = v;
+		} else if (!PAIRS) {
+			if (r < R)
+				out[(size_t)c * R + r] = tile[2 * x][k];
+			if (r + 1 < R)
+				out[(size_t)c * R + r + 1] = tile[2 * x + 1][k];
+		}
 	}
 }
 
@@ -328,8 +350,14 @@ extern "C" enum ng_status ng_transpose_bf16(ng_bf16 *out, const ng_bf16 *in, int
 	if (grid.y > 65535)
 		return ng_check_arg_fail("ng_transpose_bf16", "R = %d: more than %d rows", R,
 					 65535 * TP_TILE);
-	transpose_bf16<<<grid, dim3(TP_TILE, 8), 0, s>>>((__nv_bfloat16 *)out,
-							  (const __nv_bfloat16 *)in, R, C);
+	const int pairs = R % 2 == 0 && C % 2 == 0 && (uintptr_t)out % 4 == 0 &&
+			  (uintptr_t)in % 4 == 0;
+	if (pairs)
+		transpose_bf16<1><<<grid, dim3(32, 8), 0, s>>>((__nv_bfloat16 *)out,
+							       (const __nv_bfloat16 *)in, R, C);
+	else
+		transpose_bf16<0><<<grid, dim3(32, 8), 0, s>>>((__nv_bfloat16 *)out,
+							       (const __nv_bfloat16 *)in, R, C);
 	return NG_LAUNCH_CHECK("transpose_bf16");
 }
 

@@ -32,6 +32,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/check.h"
 #include "kernels/common.cuh"
@@ -54,13 +56,12 @@ enum { EPI_PLAIN = 0, EPI_GELU = 1, EPI_DGELU = 2, EPI_DGELU_POST = 3 };
  * machine per call so only roughly): 4 stages and 4 units ran 2-7% closer to cuBLASLt than 5
  * stages, or 4 stages with 6 units for GELU; 3 stages with 8 units was no better.
  * DGELU: a consumer loads its tile's pre-activation whole into PRE_UNITS units while it
- * multiplies, and writes the gradient over it in place; post cycles through 2 more units. */
+ * multiplies, and writes the gradient over it in place; post cycles through GU more units. */
 template <int WM, int BN, int EPI, int GU = 4> struct gm_cfg {
 	static constexpr int A_BYTES = WM * GM_BK * 2;
 	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
 	static constexpr int TILE_UNITS = (WM / 64) * (BN / 64);
-	static constexpr int UNITS = EPI == EPI_PLAIN ? TILE_UNITS : EPI == EPI_GELU ? GU
-				     : EPI == EPI_DGELU ? 0 : 2;
+	static constexpr int UNITS = EPI == EPI_PLAIN ? TILE_UNITS : EPI == EPI_DGELU ? 0 : GU;
 	static constexpr int PRE_UNITS = EPI >= EPI_DGELU ? TILE_UNITS : 0;
 	static constexpr int UNIT_BYTES = 2 * (PRE_UNITS + UNITS) * GM_UNIT;
 	static constexpr int FIT = (GM_SMEM_MAX - 1024 - 256 - UNIT_BYTES) / STAGE_BYTES;
@@ -416,19 +417,19 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 			 * unit is written. */
 			if constexpr (EPI >= EPI_DGELU) {
 				/* the gradient over the pre-activation, in place (each thread reads and
-				 * writes the same 4 bytes: no barrier between); post into the cycling
-				 * units, one store group a unit, so the unit two back is free once at
-				 * most one group still reads */
+				 * writes the same 4 bytes: no barrier between); post into the GU
+				 * cycling units, one store group a unit, so the unit GU back is free
+				 * once at most GU - 1 groups still read */
 				mbar_wait_(&prebar[c], (local >> 1) & 1);
 #pragma unroll
 				for (int h = 0; h < WM / 64; h++) {
 #pragma unroll
 					for (int b = 0; b < BN / 64; b++, unit++) {
 						unsigned char *u = pre + (h * (BN / 64) + b) * GM_UNIT;
-						unsigned char *v = units + (unit % 2) * GM_UNIT;
+						unsigned char *v = units + (unit % GU) * GM_UNIT;
 						if (EPI == EPI_DGELU_POST) {
 							if (t == 0)
-								bulk_wait_read_<1>();
+								bulk_wait_read_<GU - 1>();
 							wg_sync_(3 + c);
 						}
 #pragma unroll
@@ -656,7 +657,7 @@ static enum ng_status check_device_(const char *who, int *sms)
 }
 
 /* One kernel of the tile and epilogue asked for. */
-template <int EPI>
+template <int EPI, int GU = 4>
 static enum ng_status launch_tile_(enum ng_gemm_tile tile, const CUtensorMap *ta,
 				   const CUtensorMap *tw, const CUtensorMap *to,
 				   const CUtensorMap *tx, const CUtensorMap *tp,
@@ -664,10 +665,10 @@ static enum ng_status launch_tile_(enum ng_gemm_tile tile, const CUtensorMap *ta
 				   cudaStream_t s)
 {
 	if (tile == NG_GEMM_TILE_128x128)
-		return launch_<128, 128, EPI, 1>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+		return launch_<128, 128, EPI, 1, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
 	if (tile == NG_GEMM_TILE_128x128_C2)
-		return launch_<128, 128, EPI, 2>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
-	return launch_<64, 256, EPI, 1>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+		return launch_<128, 128, EPI, 2, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+	return launch_<64, 256, EPI, 1, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
 }
 
 /* inputs in boxes of a stage's rows x 64 (W: half of them with clusters); outputs and the
@@ -731,7 +732,18 @@ extern "C" enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre, ng_bf16 *post, const
 	    (st = encode_(&to, dpre, M, N, 64)) || (st = encode_(&tx, pre, M, N, 64)) ||
 	    (st = encode_(&tp, post ? post : dpre, M, N, 64)))
 		return st;
-	return post ? launch_tile_<EPI_DGELU_POST>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K,
-						   sms, s)
-		    : launch_tile_<EPI_DGELU>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
+	/* post's units: 2 (4 ring stages) unless the environment's NG_GEMM_POST_UNITS=4 asks for
+	 * 4 (3 stages); an experiment's switch (tools/bench_gemm --dgelu), read once */
+	static int units = 0;
+	if (!units) {
+		const char *u = getenv("NG_GEMM_POST_UNITS");
+		units = u && !strcmp(u, "4") ? 4 : 2;
+	}
+	if (!post)
+		return launch_tile_<EPI_DGELU>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
+	return units == 4
+		       ? launch_tile_<EPI_DGELU_POST, 4>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K,
+							 sms, s)
+		       : launch_tile_<EPI_DGELU_POST, 2>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K,
+							 sms, s);
 }

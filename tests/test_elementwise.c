@@ -249,7 +249,7 @@ Test(elementwise, transpose)
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	const int shapes[][2] = { { 1, 1 }, { 1, 77 }, { 77, 1 }, { 33, 65 }, { 768, 3072 },
-				  { 1600, 6400 }, { 1000, 37 } };
+				  { 1600, 6400 }, { 1000, 37 }, { 130, 194 } };
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		transpose_case(shapes[i][0], shapes[i][1], &r, seed);
 }
