@@ -209,12 +209,15 @@ struct dg_arg {
 };
 
 enum { DG_PAIR, DG_DINP, DG_GELU_BWD, DG_TRANSPOSE, DG_OWN_POST, DG_OWN, DG_OWN_POST_T,
-       DG_OWN_POST_64x256, DG_OWN_POST_C2, DG_OWN_FWD_GELU, DG_WAYS };
+       DG_OWN_POST_64x256, DG_OWN_POST_C2, DG_OWN_FWD_GELU, DG_OWN_POST_X, DG_DINP_X,
+       DG_OWN_POST_M, DG_WAYS };
 static const char *dg_name[DG_WAYS] = {
 	"cuBLASLt dinp + gelu_bwd_bias (recompute)", "  cuBLASLt dinp alone",
 	"  gelu_bwd_bias + recompute alone", "W^T transpose alone", "own DGELU + post",
 	"own DGELU (no post)", "own DGELU + post + W^T transpose", "own DGELU + post, 64x256",
-	"own DGELU + post, 128x128 clusters of 2", "own forward GELU, same shape" };
+	"own DGELU + post, 128x128 clusters of 2", "own forward GELU, same shape",
+	"own DGELU + post after a transpose elsewhere", "cuBLASLt dinp after a transpose elsewhere",
+	"own DGELU + post after a 1 MiB memset" };
 
 static int dg_launch_(const void *arg)
 {
@@ -230,6 +233,18 @@ static int dg_launch_(const void *arg)
 		break;
 	case DG_TRANSPOSE:
 		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 0);
+		break;
+	case DG_OWN_POST_X: case DG_DINP_X: case DG_OWN_POST_M: /* is it the kernel before? */
+		if (d->way == DG_OWN_POST_M)
+			st = NG_CUDA_CHECK(cudaMemsetAsync(d->ws, 0, 1 << 20, 0));
+		else
+			st = ng_transpose_bf16(d->ws, d->w, d->K, d->N, 0);
+		if (!st && d->way == DG_DINP_X)
+			st = ng_matmul_run(d->mm, d->dpre, d->dout, d->w, NULL, NULL, NULL,
+					   (char *)d->ws + ((size_t)24 << 20), 0);
+		else if (!st)
+			st = ng_gemm_sm90_dgelu(d->dpre, d->post, d->pre, d->dout, d->wt, d->M, d->N,
+						d->K, NG_GEMM_TILE_128x128, 0);
 		break;
 	case DG_OWN_POST_T:
 		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 0);
@@ -265,7 +280,7 @@ static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul
 		 NG_CUDA_CHECK(cudaMalloc(&d.post, big * 2)) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.dbias, (size_t)N * 4)) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.part, ng_bias_grad_scratch_bytes(M, N))) ||
-		 NG_CUDA_CHECK(cudaMalloc(&d.ws, ctx->workspace_bytes + (1 << 20)));
+		 NG_CUDA_CHECK(cudaMalloc(&d.ws, ctx->workspace_bytes + ((size_t)48 << 20)));
 	rc = rc || fill_(d.dout, (size_t)M * K, 1.0, &r) ||
 	     fill_(d.w, (size_t)N * K, 1.0 / sqrt(K), &r) || fill_(d.pre, big, 1.5, &r) ||
 	     ng_transpose_bf16(d.wt, d.w, K, N, 0) != NG_OK;
