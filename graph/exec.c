@@ -232,7 +232,7 @@ static enum ng_status time_on_scratch(struct ng_exec *e, char *buf, size_t bytes
  * in variant 0. */
 struct dgelu_trial {
 	const struct ng_matmul *dinp_mm[3], *dw_mm[3];
-	char *dfch, *fch, *dresid, *w, *ln2, *dw, *dbias, *gelu_out, *part, *ws;
+	char *dfch, *fch, *dresid, *w, *wt, *ln2, *dw, *dbias, *gelu_out, *part, *ws;
 	int N, C;
 };
 
@@ -243,8 +243,8 @@ static enum ng_status dgelu_run(struct ng_exec *e, void *arg, int v)
 	size_t n = (size_t)d->N * 4 * d->C;
 	if (v == 0 && d->gelu_out)
 		st = ng_gelu_fwd((ng_bf16 *)d->gelu_out, (const ng_bf16 *)d->fch, n, e->stream);
-	if (!st && v == 2)
-		st = ng_matmul_run_dgelu(d->dinp_mm[v], d->dfch, d->dresid, d->w, d->fch,
+	if (!st && v == 2) /* W^T made once, as the step makes it well ahead */
+		st = ng_matmul_run_dgelu(d->dinp_mm[v], d->dfch, d->dresid, d->wt, d->fch,
 					 d->gelu_out, d->ws, e->stream);
 	else if (!st)
 		st = ng_matmul_run(d->dinp_mm[v], d->dfch, d->dresid, d->w, NULL,
@@ -291,17 +291,16 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 		s.own = 1;
 		st = plan_spec(e, s, &dinp_plan[2]);
 		dw_plan[2] = dw_plan[0];
-		if (!st && e->plans[dinp_plan[2]].mm.workspace_need > ws)
-			ws = e->plans[dinp_plan[2]].mm.workspace_need;
 	}
 	if (st)
 		return st;
 	size_t n4 = (size_t)N * 4 * C, n1 = (size_t)N * C, nw = (size_t)4 * C * C;
-	/* dfch, fch, dresid, W, ln2, dW, dbias, gelu_out, partials, workspace */
-	size_t sizes[10] = { n4 * 2, n4 * 2, n1 * 2, nw * 2, n1 * 2, nw * 4, (size_t)4 * C * 4,
-			     recompute ? n4 * 2 : 0, ng_bias_grad_scratch_bytes(N, 4 * C), ws };
-	size_t at[10];
-	size_t bytes = lay_out(sizes, 10, at);
+	/* dfch, fch, dresid, W, ln2, dW, dbias, gelu_out, partials, workspace, W^T */
+	size_t sizes[11] = { n4 * 2, n4 * 2, n1 * 2, nw * 2, n1 * 2, nw * 4, (size_t)4 * C * 4,
+			     recompute ? n4 * 2 : 0, ng_bias_grad_scratch_bytes(N, 4 * C), ws,
+			     nv == 3 ? nw * 2 : 0 };
+	size_t at[11];
+	size_t bytes = lay_out(sizes, 11, at);
 	char *buf = NULL;
 	for (int v = 0; v < 3; v++)
 		e->dgelu_ms[v] = -1.0f;
@@ -315,8 +314,8 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 				   &e->plans[dinp_plan[2]].mm },
 				 { &e->plans[dw_plan[0]].mm, &e->plans[dw_plan[1]].mm,
 				   &e->plans[dw_plan[2]].mm },
-				 buf + at[0], buf + at[1], buf + at[2], buf + at[3], buf + at[4],
-				 buf + at[5], buf + at[6], recompute ? buf + at[7] : NULL,
+				 buf + at[0], buf + at[1], buf + at[2], buf + at[3], buf + at[10],
+				 buf + at[4], buf + at[5], buf + at[6], recompute ? buf + at[7] : NULL,
 				 buf + at[8], ws ? buf + at[9] : NULL, N, C };
 	st = time_on_scratch(e, buf, bytes, dgelu_run, &d, nv, e->dgelu_ms);
 	if (st)
@@ -910,9 +909,10 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		ng_bf16 *dinp = (ng_bf16 *)ng_exec_tensor_(e, g, op->out[0]) + (size_t)op->row_start * mm->spec.IC;
 		if (op->fp8)
 			return run_matmul_dinp_fp8(e, g, op, mm, dinp, scratch, s);
-		if (op->own)
+		if (op->own) /* this layer's W^T of TRANSPOSE_W's */
 			return ng_matmul_run_dgelu(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
-						   pp(e, g, op->in[1], op->param[0], op->layer),
+						   (ng_bf16 *)ng_exec_tensor_(e, g, op->in[1]) +
+							   (size_t)op->layer * mm->spec.IC * mm->spec.OC,
 						   ng_exec_tensor_(e, g, op->in[2]),
 						   op->n_out > 1 ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
 						   scratch, s);
@@ -1005,6 +1005,12 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		return ng_step_finish(ng_exec_tensor_(e, g, op->in[0]), e->d_ring, NG_EXEC_RING, s);
 	case NG_OP_FP8_PREP:
 		return run_fp8_prep(e, g, op, s);
+	case NG_OP_TRANSPOSE_W: { /* W (OC, IC) of every layer -> W^T (IC, OC) */
+		int ic, oc;
+		ng_linear_dims(m, op->which, &ic, &oc);
+		return ng_transpose_bf16(ng_exec_tensor_(e, g, op->out[0]),
+					 pp(e, g, op->in[0], op->param[0], 0), oc, ic, m->L, s);
+	}
 	default:
 		return ng_fail(NG_ERR_RUNTIME, "op %s (%s) has no GPU implementation", op->name,
 			       ng_op_kind_name(op->kind));

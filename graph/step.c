@@ -496,12 +496,20 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 	op.out[0] = dresid;
 	emit(b, &op, 0);
 	layernorm_bwd(b, NG_OP_WHICH_LNF, -1, dlnf, f->resid_final, f->meanf, f->rstdf, dresid);
+	/* own: every layer's fcproj W^T for our GEMM, written now, long before each is read */
+	const int own = (g->fuse_gelu & NG_GELU_FUSE_OWN) &&
+			!(g->fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ));
+	int wt = -1;
+	if (own) {
+		wt = act(b, "fcproj_wt", NG_DTYPE_BF16, 3, (size_t)g->cfg.L, 4 * C, C);
+		op = mk(NG_OP_TRANSPOSE_W, NG_OP_WHICH_FCPROJ, -1, IN(g->t_params_bf16), OUT(wt));
+		op.param[0] = NG_P_FCPROJW;
+		emit(b, &op, 0);
+	}
 	for (int l = g->cfg.L - 1; l >= 0; l--) {
 		const struct layer_acts *a = &f->la[l];
-		/* MLP: fcproj, GELU, fc */
-		/* own is bf16: an fp8 FC-proj input gradient (--fp8) takes cuBLASLt's */
-		const int own = (g->fuse_gelu & NG_GELU_FUSE_OWN) &&
-				!(g->fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ));
+		/* MLP: fcproj, GELU, fc (own is bf16: an fp8 FC-proj input gradient, --fp8, takes
+		 * cuBLASLt's) */
 		const int fused_bwd = own || (g->fuse_gelu & NG_GELU_FUSE_BWD) != 0;
 		int gelu_out = a->fch_gelu;
 		if (g->recompute_gelu) {
@@ -520,9 +528,9 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 			 * fch */
 			op = g->recompute_gelu
 				     ? mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
-					  IN(dresid, g->t_params_bf16, a->fch), OUT(dfch, gelu_out))
+					  IN(dresid, wt, a->fch), OUT(dfch, gelu_out))
 				     : mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
-					  IN(dresid, g->t_params_bf16, a->fch), OUT(dfch));
+					  IN(dresid, wt, a->fch), OUT(dfch));
 			op.gelu = 1;
 			op.own = 1;
 			op.row_count = (int)b->N;

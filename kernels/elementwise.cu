@@ -31,7 +31,7 @@ static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *in
 	}
 }
 
-/* Transpose in 64 x 64 tiles through shared memory (rows padded by 4 bytes: at most 2-way bank
+/* Transpose (a batch: blockIdx.z) in 64 x 64 tiles through shared memory (rows padded by 4 bytes: at most 2-way bank
  * conflicts), 32 x 8 threads a block; with PAIRS (R and C even) each thread moves bf16 pairs,
  * 4-byte accesses along rows both ways, else single elements. */
 #define TP_TILE 64
@@ -40,6 +40,8 @@ static __global__ void transpose_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *i
 {
 	__shared__ __nv_bfloat16 tile[TP_TILE][TP_TILE + 2];
 	const int c0 = blockIdx.x * TP_TILE, r0 = blockIdx.y * TP_TILE, x = threadIdx.x;
+	in += (size_t)blockIdx.z * R * C; /* matrix blockIdx.z of the batch */
+	out += (size_t)blockIdx.z * R * C;
 	for (int k = threadIdx.y; k < TP_TILE; k += 8) {
 		const int r = r0 + k, c = c0 + 2 * x;
 		if (r >= R)
@@ -336,17 +338,18 @@ extern "C" enum ng_status ng_cast_bf16_to_f32(float *out, const ng_bf16 *in, siz
 }
 
 extern "C" enum ng_status ng_transpose_bf16(ng_bf16 *out, const ng_bf16 *in, int R, int C,
-					    cudaStream_t s)
+					    int count, cudaStream_t s)
 {
-	if (R < 1 || C < 1 || !out || !in)
-		return ng_check_arg_fail("ng_transpose_bf16", "R = %d, C = %d, out %p, in %p: R, C >= 1 "
-					 "and both pointers set", R, C, (void *)out, (const void *)in);
+	if (R < 1 || C < 1 || count < 1 || count > 65535 || !out || !in)
+		return ng_check_arg_fail("ng_transpose_bf16", "R = %d, C = %d, count %d, out %p, in %p: "
+					 "R, C >= 1, count 1..65535 and both pointers set", R, C,
+					 count, (void *)out, (const void *)in);
 	const char *o = (const char *)out, *i = (const char *)in;
-	const size_t bytes = (size_t)R * C * 2;
+	const size_t bytes = (size_t)R * C * 2 * count;
 	if (o < i + bytes && i < o + bytes)
 		return ng_check_arg_fail("ng_transpose_bf16", "out %p overlaps in %p (%zu bytes)",
 					 (void *)out, (const void *)in, bytes);
-	dim3 grid((C + TP_TILE - 1) / TP_TILE, (R + TP_TILE - 1) / TP_TILE);
+	dim3 grid((C + TP_TILE - 1) / TP_TILE, (R + TP_TILE - 1) / TP_TILE, count);
 	if (grid.y > 65535)
 		return ng_check_arg_fail("ng_transpose_bf16", "R = %d: more than %d rows", R,
 					 65535 * TP_TILE);

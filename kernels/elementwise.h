@@ -54,11 +54,12 @@ enum ng_status ng_bias_grad(float *dbias,        /* (OC) fp32, += */
 			    int N, int OC, void *scratch, cudaStream_t s);
 size_t ng_bias_grad_scratch_bytes(int N, int OC);
 
-/* out (C, R) = the transpose of in (R, C), both row-major bf16 (exact: a copy). Any R, C >= 1;
- * out must not overlap in. */
-enum ng_status ng_transpose_bf16(ng_bf16 *out,       /* (C, R) bf16, = */
-				 const ng_bf16 *in,  /* (R, C) bf16 */
-				 int R, int C, cudaStream_t s);
+/* out[i] (C, R) = the transpose of in[i] (R, C) for i < count, both row-major bf16, the count
+ * matrices back to back (exact: a copy). Any R, C >= 1, count 1..65535; out must not overlap
+ * in. */
+enum ng_status ng_transpose_bf16(ng_bf16 *out,       /* (count, C, R) bf16, = */
+				 const ng_bf16 *in,  /* (count, R, C) bf16 */
+				 int R, int C, int count, cudaStream_t s);
 
 /* out = round-to-nearest-even bf16 of in. */
 enum ng_status ng_cast_f32_to_bf16(ng_bf16 *out,     /* (n) bf16, = */

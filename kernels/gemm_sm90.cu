@@ -317,6 +317,10 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 	const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
 
 	if (threadIdx.x == 0) {
+		/* the descriptors into the cache while the barriers are made */
+		const CUtensorMap *maps[5] = { &ta, &tw, &tout, &taux, &tpost };
+		for (int i = 0; i < (EPI == EPI_PLAIN ? 3 : EPI == EPI_DGELU_POST ? 5 : 4); i++)
+			asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)maps[i]) : "memory");
 		for (int s = 0; s < S; s++) {
 			mbar_init_(&full[s], 1);
 			/* one block: every consumer thread; clusters: lane 0 of each consumer warp of

@@ -23,7 +23,6 @@
 #include <string.h>
 
 #include "kernels/check.h"
-#include "kernels/elementwise.h"
 #include "kernels/gemm_sm90.h"
 
 #define NG_MM_MAX_CANDIDATES 8
@@ -631,7 +630,6 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 		mm->k = spec->OC;
 		mm->own = (int)NG_GEMM_TILE_128x128 + 1;
 		mm->n_candidates = 1;
-		mm->workspace_need = (size_t)spec->IC * spec->OC * 2; /* W^T */
 		return NG_OK;
 	}
 	if (spec->autotune)
@@ -730,12 +728,11 @@ static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a,
 		if (!mm->colsum)
 			bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
 	}
-	if (mm->own && sp->kind == NG_MATMUL_DINP) { /* W^T into the workspace, then the GEMM */
+	if (mm->own && sp->kind == NG_MATMUL_DINP) { /* b is W^T (IC, OC) */
 		if (post && check_ptr_(mm, "post", post))
 			return NG_ERR_INPUT;
-		enum ng_status st = ng_transpose_bf16(workspace, b, sp->OC, sp->IC, s);
-		return st ? st : ng_gemm_sm90_dgelu(out, post, aux, a, workspace, sp->N, sp->IC, sp->OC,
-						    (enum ng_gemm_tile)(mm->own - 1), s);
+		return ng_gemm_sm90_dgelu(out, post, aux, a, b, sp->N, sp->IC, sp->OC,
+					  (enum ng_gemm_tile)(mm->own - 1), s);
 	}
 	if (mm->own) /* our own GEMM (FWD, bf16): the same outputs, no workspace */
 		return ng_gemm_sm90_fwd(out, sp->gelu ? aux : NULL, a, b, bias_ptr, sp->N, sp->OC,
@@ -794,14 +791,14 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 }
 
 enum ng_status ng_matmul_run_dgelu(const struct ng_matmul *mm, void *dinp, const void *dout,
-				   const void *w, void *aux, void *post, void *workspace,
+				   const void *wt, void *aux, void *post, void *workspace,
 				   cudaStream_t s)
 {
 	if (!mm->spec.own)
 		return ng_check_arg_fail("ng_matmul_run_dgelu", "%s N=%d IC=%d OC=%d: not a plan with "
 					 "spec.own", kind_name_(mm->spec.kind), mm->spec.N,
 					 mm->spec.IC, mm->spec.OC);
-	return run_(mm, dinp, dout, w, NULL, aux, NULL, NULL, post, workspace, s);
+	return run_(mm, dinp, dout, wt, NULL, aux, NULL, NULL, post, workspace, s);
 }
 
 /* The fp8 descales into the plan's descriptor (cuBLASLt's A is W, run's b; its B the input) */

@@ -54,9 +54,11 @@
  *   launch-bound), so a hand-written column-sum kernel could save at most ~0.6 ms per d12 step.
  *
  * Our own GEMM for the MLP projection's DINP with DGELU (spec.own, chosen by the executor's
- * --gelu-fusion timing, not by autotune): dinp = (dout @ W) * GELU'(aux) with W transposed into
- * the workspace (IC x OC bf16) by ng_transpose_bf16 first, so that the GEMM reads both operands
+ * --gelu-fusion timing, not by autotune): dinp = (dout @ W) * GELU'(aux) from W^T (IC x OC
+ * bf16, which the caller makes with ng_transpose_bf16), so that the GEMM reads both operands
  * K-major as in the forward; it can also write GELU(aux), which --recompute gelu needs next.
+ * The step transposes every layer's W at the start of the backward: read right after its
+ * transpose, W^T made the GEMM ~10% slower (BENCHMARKS.md, session 26).
  *
  * Our own GEMM: for a bf16 FWD with autotune on an sm_90 GPU, the candidates also include
  * kernels/gemm_sm90.h's kernel (128 x 128 tiles, TMA and wgmma, the bias and GELU epilogue
@@ -154,9 +156,9 @@ struct ng_matmul_spec {
 	                 * (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC multiples
 	                 * of 16; needs an FP8 GPU (sm_89 / sm_90); not DW */
 	int own;        /* DINP with gelu, bf16: run our own Hopper GEMM (kernels/gemm_sm90.h) with
-	                 * the DGELU epilogue, untimed, no cuBLASLt: W is transposed into the
-	                 * workspace first, and ng_matmul_run_dgelu can write GELU(aux) as well (the
-	                 * activation --recompute gelu needs). Needs ng_gemm_sm90_available(). */
+	                 * the DGELU epilogue, untimed, no cuBLASLt, no workspace: W comes as its
+	                 * transpose (IC, OC), and ng_matmul_run_dgelu can write GELU(aux) as well
+	                 * (the activation --recompute gelu needs). Needs ng_gemm_sm90_available(). */
 };
 
 /* Choices kept: autotune's pick for one matmul, remembered so that the next plan of the same
@@ -261,10 +263,11 @@ enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const vo
 				 const void *b, const void *bias, void *aux, const float *a_descale,
 				 const float *b_descale, void *workspace, cudaStream_t s);
 
-/* Run a DINP plan with spec.own: dinp = (dout @ W) * GELU'(aux) as ng_matmul_run, and post
- * (N, IC) bf16 = GELU(aux) unless post is NULL, from the same read of aux. */
+/* Run a DINP plan with spec.own: dinp = (dout @ W) * GELU'(aux) as ng_matmul_run, from wt = W^T
+ * (IC, OC) bf16 (ng_transpose_bf16 makes it), and post (N, IC) bf16 = GELU(aux) unless post is
+ * NULL, from the same read of aux. The workspace is not used (the plan needs none). */
 enum ng_status ng_matmul_run_dgelu(const struct ng_matmul *mm, void *dinp, const void *dout,
-				   const void *w, void *aux, void *post, void *workspace,
+				   const void *wt, void *aux, void *post, void *workspace,
 				   cudaStream_t s);
 
 /* FLOPs of one run (2 * N * IC * OC), for benchmarks. */

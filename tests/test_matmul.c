@@ -24,6 +24,7 @@
 
 #include "graph/cpu_ops.h"
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/matmul.h"
 #include "kernels/types.h"
@@ -228,8 +229,17 @@ static enum ng_status run_(const struct mm_case *c, const struct ng_matmul *mm, 
 {
 	if (c->kind == NG_MATMUL_FWD && c->accumulate)
 		return ng_matmul_run_residual(mm, out, a, b, bias, res, NULL, NULL, ws, 0);
-	if (mm->spec.own) /* our own GEMM's DGELU (no post here: test_gemm_sm90 checks it) */
-		return ng_matmul_run_dgelu(mm, out, a, b, aux, NULL, ws, 0);
+	if (mm->spec.own) { /* our own GEMM's DGELU from W^T (no post here: test_gemm_sm90) */
+		void *wt = NULL;
+		size_t bytes = (size_t)mm->spec.IC * mm->spec.OC * 2;
+		kt_cuda(cudaMalloc(&wt, bytes), "cudaMalloc");
+		enum ng_status st = ng_transpose_bf16(wt, b, mm->spec.OC, mm->spec.IC, 1, 0);
+		if (!st)
+			st = ng_matmul_run_dgelu(mm, out, a, wt, aux, NULL, ws, 0);
+		kt_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+		cudaFree(wt);
+		return st;
+	}
 	return ng_matmul_run(mm, out, a, b, bias, aux, dbias, ws, 0);
 }
 

@@ -228,6 +228,7 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 			     K * L * ((o.fuse_gelu & NG_GELU_FUSE_FWD ? 0 : 1) +
 				      (o.recompute_gelu && fused_bwd && !own ? 1 : 0)));
 		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD), fused_bwd ? 0 : K * L);
+		cr_assert_eq(count_kind(&g, NG_OP_TRANSPOSE_W), own ? K : 0);
 		for (int k = 0; k < g.n_ops; k++) {
 			const struct ng_op *op = &g.ops[k];
 			if (op->kind == NG_OP_GELU_BWD) {
@@ -247,6 +248,13 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 				if (mine) {
 					cr_assert_eq(op->fp8, 0);
 					cr_assert_eq(op->n_in, 3);
+					/* W^T from the micro-batch's TRANSPOSE_W, long before */
+					const struct ng_op *tw = &g.ops[g.tensors[op->in[1]].first_op];
+					cr_assert(tw->kind == NG_OP_TRANSPOSE_W && tw->micro == op->micro &&
+						  tw->param[0] == NG_P_FCPROJW, "seed %llu %s: %s reads %s",
+						  (unsigned long long)seed_, what, op->name,
+						  g.tensors[op->in[1]].name);
+					cr_assert_eq(g.tensors[op->in[1]].shape[0], (size_t)L);
 					cr_assert_eq(op->n_out, o.recompute_gelu ? 2 : 1);
 					const struct ng_op *dw = &g.ops[k + 1];
 					cr_assert(dw->kind == NG_OP_MATMUL_DW &&

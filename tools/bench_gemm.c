@@ -232,13 +232,13 @@ static int dg_launch_(const void *arg)
 					      d->part, 0);
 		break;
 	case DG_TRANSPOSE:
-		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 0);
+		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 1, 0);
 		break;
 	case DG_OWN_POST_X: case DG_DINP_X: case DG_OWN_POST_M: /* is it the kernel before? */
 		if (d->way == DG_OWN_POST_M)
 			st = NG_CUDA_CHECK(cudaMemsetAsync(d->ws, 0, 1 << 20, 0));
 		else
-			st = ng_transpose_bf16(d->ws, d->w, d->K, d->N, 0);
+			st = ng_transpose_bf16(d->ws, d->w, d->K, d->N, 1, 0);
 		if (!st && d->way == DG_DINP_X)
 			st = ng_matmul_run(d->mm, d->dpre, d->dout, d->w, NULL, NULL, NULL,
 					   (char *)d->ws + ((size_t)24 << 20), 0);
@@ -247,7 +247,7 @@ static int dg_launch_(const void *arg)
 						d->K, NG_GEMM_TILE_128x128, 0);
 		break;
 	case DG_OWN_POST_T:
-		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 0);
+		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 1, 0);
 		/* fall through */
 	case DG_OWN_POST: case DG_OWN: case DG_OWN_POST_64x256: case DG_OWN_POST_C2:
 		if (!st)
@@ -283,7 +283,7 @@ static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul
 		 NG_CUDA_CHECK(cudaMalloc(&d.ws, ctx->workspace_bytes + ((size_t)48 << 20)));
 	rc = rc || fill_(d.dout, (size_t)M * K, 1.0, &r) ||
 	     fill_(d.w, (size_t)N * K, 1.0 / sqrt(K), &r) || fill_(d.pre, big, 1.5, &r) ||
-	     ng_transpose_bf16(d.wt, d.w, K, N, 0) != NG_OK;
+	     ng_transpose_bf16(d.wt, d.w, K, N, 1, 0) != NG_OK;
 	struct ng_matmul mm;
 	struct ng_matmul_spec sp = { NG_MATMUL_DINP, M, N, K, 0, 0, 0, 1, 0, 0 };
 	if (!rc && ng_matmul_plan(&mm, ctx, &sp)) {
