@@ -20,6 +20,17 @@
  * warpgroup that read it have finished the wgmma that read it. The consumers' mainloops take
  * turns (named barriers 1 and 2), so neither waits on a stage two phases ahead.
  *
+ * Shared memory: the ring, then each consumer's epilogue units, then the barriers. (Until
+ * session 26 the barriers sat at the ring's end, where consumer 0's first unit also starts: its
+ * first epilogue row overwrote them. Every test passed; the layout was wrong all the same.)
+ *
+ * The DGELU epilogues (ng_gemm_sm90_dgelu): at a tile's start one consumer thread waits until
+ * its previous tile's stores have read their units, then has the copy engine load the tile's
+ * pre-activation into 4 units (a 64 x 64 box each, the store's swizzle) on a barrier of its own,
+ * while the mainloop runs; the epilogue waits on that barrier, reads each pair of
+ * pre-activations where it will write the gradient (the same bytes, so no barrier between the
+ * two), and stores the unit; post goes through 2 more units.
+ *
  * NG_GEMM_TILE_128x128_C2 pairs blocks in clusters of two that share W's tile: each loads half
  * of it and the copy engine multicasts it into both; a stage is then free only when both
  * blocks' consumers are done with it. The peer's release is at block scope: with a
@@ -32,8 +43,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/check.h"
 #include "kernels/common.cuh"
@@ -736,18 +745,9 @@ extern "C" enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre, ng_bf16 *post, const
 	    (st = encode_(&to, dpre, M, N, 64)) || (st = encode_(&tx, pre, M, N, 64)) ||
 	    (st = encode_(&tp, post ? post : dpre, M, N, 64)))
 		return st;
-	/* post's units: 2 (4 ring stages) unless the environment's NG_GEMM_POST_UNITS=4 asks for
-	 * 4 (3 stages); an experiment's switch (tools/bench_gemm --dgelu), read once */
-	static int units = 0;
-	if (!units) {
-		const char *u = getenv("NG_GEMM_POST_UNITS");
-		units = u && !strcmp(u, "4") ? 4 : 2;
-	}
+	/* post cycles through 2 units, which leaves the ring 4 stages: with 4 units and 3 stages
+	 * the kernel ran 8% slower at d24 (0.652 against 0.601 ms, bench_gemm --dgelu, session 26) */
 	if (!post)
 		return launch_tile_<EPI_DGELU>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
-	return units == 4
-		       ? launch_tile_<EPI_DGELU_POST, 4>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K,
-							 sms, s)
-		       : launch_tile_<EPI_DGELU_POST, 2>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K,
-							 sms, s);
+	return launch_tile_<EPI_DGELU_POST, 2>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
 }

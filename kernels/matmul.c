@@ -787,6 +787,10 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 		return ng_check_arg_fail("ng_matmul_run", "FWD N=%d IC=%d OC=%d adds a residual: run "
 					 "it with ng_matmul_run_residual", mm->spec.N, mm->spec.IC,
 					 mm->spec.OC);
+	if (mm->spec.own)
+		return ng_check_arg_fail("ng_matmul_run", "DINP N=%d IC=%d OC=%d is our own GEMM's "
+					 "plan: run it with ng_matmul_run_dgelu and W^T", mm->spec.N,
+					 mm->spec.IC, mm->spec.OC);
 	return run_(mm, out, a, b, bias, aux, dbias, NULL, NULL, workspace, s);
 }
 

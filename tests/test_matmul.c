@@ -470,6 +470,10 @@ Test(matmul, bad_inputs_fail_cleanly)
 	cr_expect_eq(ng_matmul_run(&mm, p, p, p, NULL, NULL, NULL, p, 0), NG_ERR_INPUT); /* bias */
 	ng_clear_error();
 	ng_matmul_free(&mm);
+	struct ng_matmul_spec own_fwd = {NG_MATMUL_FWD, 4, 768, 768, 1, 0, 0, 0, 0, 1};
+	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &own_fwd), NG_ERR_INPUT); /* own: DINP + gelu only */
+	cr_expect(strstr(ng_error_message(), "own is for") != NULL, "%s", ng_error_message());
+	ng_clear_error();
 	struct ng_matmul_spec dwb = {NG_MATMUL_DW, 4, 768, 768, 0, 1, 1, 0, 0, 0};
 	cr_assert(!ng_matmul_plan(&mm, &ctx, &dwb), "%s", ng_error_message());
 	cr_assert(mm.workspace_need > 0); /* colsum's 3.0 vector lives there */
