@@ -61,6 +61,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 	} else if (op->kind == NG_OP_MATMUL_DINP) {
 		s.kind = NG_MATMUL_DINP;
 		s.fp8 = op->fp8;
+		s.own = op->own;
 	} else {
 		s.kind = NG_MATMUL_DW;
 		s.gelu = 0;
@@ -478,12 +479,13 @@ static enum ng_status agree_choices(struct ng_exec *e, int *fuse, int *mask)
 {
 	if (!e->cfg.comm || e->cfg.world < 2)
 		return NG_OK;
-	enum { NV = 2 + NG_EXEC_FP8_KINDS };
+	enum { NV = 3 + NG_EXEC_FP8_KINDS };
 	float v[NV], *d = NULL;
 	v[0] = *fuse & NG_GELU_FUSE_FWD ? 1.0f : 0.0f;
 	v[1] = *fuse & NG_GELU_FUSE_BWD ? 1.0f : 0.0f;
+	v[2] = *fuse & NG_GELU_FUSE_OWN ? 1.0f : 0.0f;
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
-		v[2 + k] = *mask & fp8_kind_bit(k) ? 1.0f : 0.0f;
+		v[3 + k] = *mask & fp8_kind_bit(k) ? 1.0f : 0.0f;
 	enum ng_status st = NG_CUDA_CHECK(cudaMalloc((void **)&d, sizeof(v)));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, e->stream));
@@ -498,9 +500,10 @@ static enum ng_status agree_choices(struct ng_exec *e, int *fuse, int *mask)
 	if (st)
 		return st;
 	float all = (float)e->cfg.world - 0.5f; /* sums of 0/1 are exact */
-	*fuse = (v[0] > all ? NG_GELU_FUSE_FWD : 0) | (v[1] > all ? NG_GELU_FUSE_BWD : 0);
+	*fuse = (v[0] > all ? NG_GELU_FUSE_FWD : 0) | (v[1] > all ? NG_GELU_FUSE_BWD : 0) |
+		(v[1] > all && v[2] > all ? NG_GELU_FUSE_OWN : 0);
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
-		if (!(v[2 + k] > all))
+		if (!(v[3 + k] > all))
 			*mask &= ~fp8_kind_bit(k);
 	return NG_OK;
 }
@@ -870,6 +873,13 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		ng_bf16 *dinp = (ng_bf16 *)ng_exec_tensor_(e, g, op->out[0]) + (size_t)op->row_start * mm->spec.IC;
 		if (op->fp8)
 			return run_matmul_dinp_fp8(e, g, op, mm, dinp, scratch, s);
+		if (op->own) /* this layer's W^T of TRANSPOSE_W's */
+			return ng_matmul_run_dgelu(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
+						   (ng_bf16 *)ng_exec_tensor_(e, g, op->in[1]) +
+							   (size_t)op->layer * mm->spec.IC * mm->spec.OC,
+						   ng_exec_tensor_(e, g, op->in[2]),
+						   op->n_out > 1 ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
+						   scratch, s);
 		return ng_matmul_run(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
 				     pp(e, g, op->in[1], op->param[0], op->layer), NULL,
 				     op->gelu ? ng_exec_tensor_(e, g, op->in[2]) : NULL, NULL, scratch, s);
@@ -959,6 +969,12 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		return ng_step_finish(ng_exec_tensor_(e, g, op->in[0]), e->d_ring, NG_EXEC_RING, s);
 	case NG_OP_FP8_PREP:
 		return run_fp8_prep(e, g, op, s);
+	case NG_OP_TRANSPOSE_W: { /* W (OC, IC) of every layer -> W^T (IC, OC) */
+		int ic, oc;
+		ng_linear_dims(m, op->which, &ic, &oc);
+		return ng_transpose_bf16(ng_exec_tensor_(e, g, op->out[0]),
+					 pp(e, g, op->in[0], op->param[0], 0), oc, ic, m->L, s);
+	}
 	default:
 		return ng_fail(NG_ERR_RUNTIME, "op %s (%s) has no GPU implementation", op->name,
 			       ng_op_kind_name(op->kind));
@@ -1243,7 +1259,7 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	}
 	if (!st && !opt.deterministic &&
 	    ((opt.fuse_gelu & NG_GELU_FUSE_AUTO) || (opt.fp8 & NG_FP8_AUTO))) {
-		int fuse = opt.fuse_gelu & (NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD);
+		int fuse = opt.fuse_gelu & (NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN);
 		int mask = opt.fp8 & NG_FP8_EVERY;
 		st = agree_choices(e, &fuse, &mask);
 		opt.fuse_gelu = (opt.fuse_gelu & NG_GELU_FUSE_AUTO) | fuse;

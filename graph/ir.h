@@ -61,6 +61,10 @@
  *                     (--recompute fp8: params_bf16, W^T cast in the scratch), fp8_state; dout
  *                     is cast to E5M2 at the front of the scratch (the slot's delayed scale,
  *                     recording its maximum) and multiplied by W^T in E4M3.
+ *                     own = 1 (FCPROJ, gelu = 1; --gelu-fusion own, unless --fp8 made this
+ *                     dinp fp8): our own GEMM (kernels/gemm_sm90.h); in[1] is then
+ *                     TRANSPOSE_W's wt (this layer's W^T at layer * IC * OC); with --recompute
+ *                     gelu also out: post (N, IC) bf16 = GELU(aux), what the fcproj dW reads.
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.
@@ -81,6 +85,10 @@
  *                     output holds everything it writes (cub's temporary storage too), and
  *                     ENCODER_BWD lists its input too, so no tensor of the ops it overlaps
  *                     shares the memory it reads or writes.
+ *   TRANSPOSE_W       in: params_bf16. out: wt (L, IC, OC) bf16, every layer's W^T of `which`
+ *                     (FCPROJ: what an own MATMUL_DINP reads). param = {W, -1}. At the start
+ *                     of each micro-batch's backward: read right after its transpose, W^T made
+ *                     our GEMM ~10% slower (BENCHMARKS.md, session 26).
  *   ENCODER_BWD       in: dx (B, T, C) bf16, sorted (ENCODER_SORT's), inputs (only to keep
  *                     ENCODER_SORT's input live until this join). out: grads.
  *                     param = {WTE, WPE}.
@@ -147,7 +155,7 @@ enum ng_op_kind {
 	NG_OP_CROSSENTROPY, NG_OP_LOSS_ACCUMULATE, NG_OP_MATMUL_DINP, NG_OP_MATMUL_DW,
 	NG_OP_GELU_BWD, NG_OP_ATTENTION_BWD, NG_OP_LAYERNORM_BWD, NG_OP_ENCODER_BWD,
 	NG_OP_GRAD_NORM, NG_OP_SCHEDULE, NG_OP_ADAMW, NG_OP_STEP_FINISH, NG_OP_GATHER_ROWS,
-	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP, NG_OP_ENCODER_SORT,
+	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP, NG_OP_ENCODER_SORT, NG_OP_TRANSPOSE_W,
 	NG_OP_KIND_COUNT
 };
 
@@ -211,6 +219,7 @@ struct ng_op {
 	int fp8;                   /* MATMUL_FWD / DINP: fp8 operands (see the kind's comment) */
 	int residual;              /* MATMUL_FWD: 1 = out = in[n_in - 1] (rows, OC) bf16 + the
 	                            * product (the block's residual add, in the matmul's epilogue) */
+	int own;                   /* MATMUL_DINP: 1 = our own GEMM's DGELU (see the kind) */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };
 

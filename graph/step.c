@@ -24,8 +24,11 @@ void ng_step_default_options(struct ng_step_options *opt)
 	opt->align = 256;
 }
 
+/* Indexed by the FWD, BWD and AUTO bits; own_names where OWN is set too. */
 static const char *const gelu_names[8] = { "none", "fwd", "bwd", "fwd,bwd", "auto: none",
 					   "auto: fwd", "auto: bwd", "auto: fwd,bwd" };
+static const char *const own_names[8] = { "own", "fwd,own", "own", "fwd,own", "auto: own",
+					  "auto: fwd,own", "auto: own", "auto: fwd,own" };
 
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
 {
@@ -33,14 +36,22 @@ enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
 		*mask = NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO;
 		return NG_OK;
 	}
-	for (int m = 0; m < 4; m++)
+	for (int m = 0; m < 4; m++) {
 		if (strcmp(what, gelu_names[m]) == 0 || (m == 3 && strcmp(what, "bwd,fwd") == 0)) {
 			*mask = m;
 			return NG_OK;
 		}
-	ng_fail(NG_ERR_INPUT, "--gelu-fusion '%s': not auto | fwd,bwd | fwd | bwd | none", what);
-	ng_hint("fwd: GELU as the FC matmul's epilogue; bwd: DGELU as the FC-proj backward's; "
-		"auto: each of the two where it times faster on the device");
+		if ((m & NG_GELU_FUSE_BWD) &&
+		    (strcmp(what, own_names[m]) == 0 || (m == 3 && strcmp(what, "own,fwd") == 0))) {
+			*mask = m | NG_GELU_FUSE_OWN;
+			return NG_OK;
+		}
+	}
+	ng_fail(NG_ERR_INPUT, "--gelu-fusion '%s': not auto | fwd,bwd | fwd,own | fwd | bwd | own | "
+		"none", what);
+	ng_hint("fwd: GELU as the FC matmul's epilogue; bwd: DGELU as the FC-proj backward's "
+		"(cuBLASLt); own: the same on our own Hopper GEMM; auto: each of the two where it "
+		"times faster on the device");
 	return NG_ERR_INPUT;
 }
 
@@ -82,7 +93,7 @@ enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step
 
 const char *ng_step_gelu_fusion_name(int mask)
 {
-	return gelu_names[mask & 7];
+	return (mask & NG_GELU_FUSE_OWN ? own_names : gelu_names)[mask & 7];
 }
 
 void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,
@@ -485,14 +496,25 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 	op.out[0] = dresid;
 	emit(b, &op, 0);
 	layernorm_bwd(b, NG_OP_WHICH_LNF, -1, dlnf, f->resid_final, f->meanf, f->rstdf, dresid);
+	/* own: every layer's fcproj W^T for our GEMM, written now, long before each is read */
+	const int own = (g->fuse_gelu & NG_GELU_FUSE_OWN) &&
+			!(g->fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ));
+	int wt = -1;
+	if (own) {
+		wt = act(b, "fcproj_wt", NG_DTYPE_BF16, 3, (size_t)g->cfg.L, 4 * C, C);
+		op = mk(NG_OP_TRANSPOSE_W, NG_OP_WHICH_FCPROJ, -1, IN(g->t_params_bf16), OUT(wt));
+		op.param[0] = NG_P_FCPROJW;
+		emit(b, &op, 0);
+	}
 	for (int l = g->cfg.L - 1; l >= 0; l--) {
 		const struct layer_acts *a = &f->la[l];
-		/* MLP: fcproj, GELU, fc */
-		const int fused_bwd = (g->fuse_gelu & NG_GELU_FUSE_BWD) != 0;
+		/* MLP: fcproj, GELU, fc (own is bf16: an fp8 FC-proj input gradient, --fp8, takes
+		 * cuBLASLt's) */
+		const int fused_bwd = own || (g->fuse_gelu & NG_GELU_FUSE_BWD) != 0;
 		int gelu_out = a->fch_gelu;
 		if (g->recompute_gelu) {
 			gelu_out = lact(b, l, "fch_gelu.re", NG_DTYPE_BF16, 3, B, T, 4 * C);
-			if (fused_bwd) { /* (unfused: GELU_BWD below writes it) */
+			if (fused_bwd && !own) { /* (unfused and own: the backward writes it) */
 				op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch),
 					OUT(gelu_out));
 				op.recompute = 1;
@@ -500,7 +522,21 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 			}
 		}
 		int dfch = lact(b, l, "dfch", NG_DTYPE_BF16, 3, B, T, 4 * C);
-		if (fused_bwd) {
+		if (own) {
+			/* our own GEMM: the input gradient with DGELU, and with --recompute gelu
+			 * the activation the fcproj weight gradient reads next, from one read of
+			 * fch */
+			op = g->recompute_gelu
+				     ? mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
+					  IN(dresid, wt, a->fch), OUT(dfch, gelu_out))
+				     : mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
+					  IN(dresid, wt, a->fch), OUT(dfch));
+			op.gelu = 1;
+			op.own = 1;
+			op.row_count = (int)b->N;
+			emit_p(b, op, b->ws.matmul);
+			matmul_dw(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, 1);
+		} else if (fused_bwd) {
 			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dfch, a->fch);
 		} else {
 			/* the input gradient first, into dfch; GELU_BWD then turns it into the

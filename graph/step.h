@@ -188,7 +188,8 @@ struct ng_step_options {
 				  * layer's W (or W^T) into its scratch (graph/step.h "FP8") */
 	int head_chunk_rows;     /* rows per classifier chunk; 0 = whole B*T (clamped to B*T) */
 	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
-				  * DGELU as the FC-proj dinp matmul's epilogue (BWD) */
+				  * DGELU as the FC-proj dinp matmul's epilogue (BWD; on our own
+				  * GEMM with OWN) */
 	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
 	int fp8;                 /* NG_FP8_* bits: which matmuls of the training step take fp8
 				  * operands (forward kinds, dinp kinds, AUTO; below); 0: none */
@@ -198,11 +199,17 @@ struct ng_step_options {
 
 /* AUTO: the executor times the FC forward and the FC-proj backward both ways on the device at
  * plan time and sets or clears FWD and BWD (until then, with --deterministic, and wherever
- * nothing is timed, the bits as given). */
-enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUTO = 4 };
+ * nothing is timed, the bits as given). OWN (always with BWD, never set by AUTO; "own" in the
+ * text forms): the DGELU epilogue on our own GEMM (kernels/gemm_sm90.h), which also writes the
+ * recomputed GELU with --recompute gelu, instead of cuBLASLt's. Opt-in: on the H200 it made the
+ * FC backward 8% faster at d24 and the step no faster (the power cap; BENCHMARKS.md, session
+ * 26), so the timed choice does not offer it. An fp8 FC-proj input gradient (--fp8) stays
+ * cuBLASLt's. */
+enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUTO = 4,
+		    NG_GELU_FUSE_OWN = 8 };
 
-/* "auto" | "fwd,bwd" | "fwd" | "bwd" | "none" -> NG_GELU_FUSE_* bits ("auto": FWD | BWD | AUTO);
- * NG_ERR_INPUT otherwise. */
+/* "auto" | "fwd,bwd" | "fwd,own" | "fwd" | "bwd" | "own" | "none" -> NG_GELU_FUSE_* bits
+ * ("auto": FWD | BWD | AUTO; "own": BWD | OWN); NG_ERR_INPUT otherwise. */
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
 /* --recompute's comma list ("gelu", "layernorm", "fp8", or "none") -> the recompute_* options;
  * NG_ERR_INPUT with a hint otherwise, and for fp8 when fp8 (--fp8 given) is 0. */

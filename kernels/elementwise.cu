@@ -1,5 +1,5 @@
 /*
- * kernels/elementwise.cu — GELU forward/backward, bias gradient, casts, token split.
+ * kernels/elementwise.cu — GELU forward/backward, bias gradient, casts, transpose, token split.
  *
  * All memory-bound: one thread per 8 elements (16-byte bf16 loads), a scalar tail for n % 8.
  * GELU uses the tanh approximation of GPT-2 (Hendrycks & Gimpel 2016), in fp32, written with
@@ -28,6 +28,50 @@ static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *in
 	} else {
 		for (; i < n; i++)
 			out[i] = __float2bfloat16_rn(ng_gelu_f(__bfloat162float(inp[i])));
+	}
+}
+
+/* Transpose (a batch: blockIdx.z) in 64 x 64 tiles through shared memory (rows padded by 4 bytes: at most 2-way bank
+ * conflicts), 32 x 8 threads a block; with PAIRS (R and C even) each thread moves bf16 pairs,
+ * 4-byte accesses along rows both ways, else single elements. */
+#define TP_TILE 64
+template <int PAIRS>
+static __global__ void transpose_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *in, int R, int C)
+{
+	__shared__ __nv_bfloat16 tile[TP_TILE][TP_TILE + 2];
+	const int c0 = blockIdx.x * TP_TILE, r0 = blockIdx.y * TP_TILE, x = threadIdx.x;
+	in += (size_t)blockIdx.z * R * C; /* matrix blockIdx.z of the batch */
+	out += (size_t)blockIdx.z * R * C;
+	for (int k = threadIdx.y; k < TP_TILE; k += 8) {
+		const int r = r0 + k, c = c0 + 2 * x;
+		if (r >= R)
+			break;
+		if (PAIRS && c < C) {
+			*reinterpret_cast<__nv_bfloat162 *>(&tile[k][2 * x]) =
+				*reinterpret_cast<const __nv_bfloat162 *>(in + (size_t)r * C + c);
+		} else if (!PAIRS) {
+			if (c < C)
+				tile[k][2 * x] = in[(size_t)r * C + c];
+			if (c + 1 < C)
+				tile[k][2 * x + 1] = in[(size_t)r * C + c + 1];
+		}
+	}
+	__syncthreads();
+	for (int k = threadIdx.y; k < TP_TILE; k += 8) {
+		const int c = c0 + k, r = r0 + 2 * x; /* out's row c, columns r, r + 1 */
+		if (c >= C)
+			break;
+		if (PAIRS && r < R) {
+			__nv_bfloat162 v;
+			v.x = tile[2 * x][k];
+			v.y = tile[2 * x + 1][k];
+			*reinterpret_cast<__nv_bfloat162 *>(out + (size_t)c * R + r) = v;
+		} else if (!PAIRS) {
+			if (r < R)
+				out[(size_t)c * R + r] = tile[2 * x][k];
+			if (r + 1 < R)
+				out[(size_t)c * R + r + 1] = tile[2 * x + 1][k];
+		}
 	}
 }
 
@@ -291,6 +335,33 @@ extern "C" enum ng_status ng_cast_bf16_to_f32(float *out, const ng_bf16 *in, siz
 		return st;
 	cast_bf16_to_f32_vec8<<<grid8(n), EW_THREADS, 0, s>>>(out, (const __nv_bfloat16 *)in, n);
 	return NG_LAUNCH_CHECK("cast_bf16_to_f32_vec8");
+}
+
+extern "C" enum ng_status ng_transpose_bf16(ng_bf16 *out, const ng_bf16 *in, int R, int C,
+					    int count, cudaStream_t s)
+{
+	if (R < 1 || C < 1 || count < 1 || count > 65535 || !out || !in)
+		return ng_check_arg_fail("ng_transpose_bf16", "R = %d, C = %d, count %d, out %p, in %p: "
+					 "R, C >= 1, count 1..65535 and both pointers set", R, C,
+					 count, (void *)out, (const void *)in);
+	const char *o = (const char *)out, *i = (const char *)in;
+	const size_t bytes = (size_t)R * C * 2 * count;
+	if (o < i + bytes && i < o + bytes)
+		return ng_check_arg_fail("ng_transpose_bf16", "out %p overlaps in %p (%zu bytes)",
+					 (void *)out, (const void *)in, bytes);
+	dim3 grid((C + TP_TILE - 1) / TP_TILE, (R + TP_TILE - 1) / TP_TILE, count);
+	if (grid.y > 65535)
+		return ng_check_arg_fail("ng_transpose_bf16", "R = %d: more than %d rows", R,
+					 65535 * TP_TILE);
+	const int pairs = R % 2 == 0 && C % 2 == 0 && (uintptr_t)out % 4 == 0 &&
+			  (uintptr_t)in % 4 == 0;
+	if (pairs)
+		transpose_bf16<1><<<grid, dim3(32, 8), 0, s>>>((__nv_bfloat16 *)out,
+							       (const __nv_bfloat16 *)in, R, C);
+	else
+		transpose_bf16<0><<<grid, dim3(32, 8), 0, s>>>((__nv_bfloat16 *)out,
+							       (const __nv_bfloat16 *)in, R, C);
+	return NG_LAUNCH_CHECK("transpose_bf16");
 }
 
 extern "C" enum ng_status ng_tokens_split(int32_t *inputs, int32_t *targets,

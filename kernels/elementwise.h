@@ -1,7 +1,7 @@
 /*
  * kernels/elementwise.h — the small memory-bound kernels of the step: GELU (tanh approximation)
- * forward and backward, the bias gradient, fp32 <-> bf16 casts, and splitting token windows into
- * inputs and targets.
+ * forward and backward, the bias gradient, fp32 <-> bf16 casts, a bf16 transpose, and splitting
+ * token windows into inputs and targets.
  * Vector kernels use 16-byte loads: bf16 pointers must be 16-byte aligned; any n is accepted
  * (a scalar tail handles n % 8). Valid C11; launchers return NG_OK or a recorded error.
  */
@@ -53,6 +53,13 @@ enum ng_status ng_bias_grad(float *dbias,        /* (OC) fp32, += */
 			    const ng_bf16 *dout, /* (N, OC) bf16 */
 			    int N, int OC, void *scratch, cudaStream_t s);
 size_t ng_bias_grad_scratch_bytes(int N, int OC);
+
+/* out[i] (C, R) = the transpose of in[i] (R, C) for i < count, both row-major bf16, the count
+ * matrices back to back (exact: a copy). Any R, C >= 1, count 1..65535; out must not overlap
+ * in. */
+enum ng_status ng_transpose_bf16(ng_bf16 *out,       /* (count, C, R) bf16, = */
+				 const ng_bf16 *in,  /* (count, R, C) bf16 */
+				 int R, int C, int count, cudaStream_t s);
 
 /* out = round-to-nearest-even bf16 of in. */
 enum ng_status ng_cast_f32_to_bf16(ng_bf16 *out,     /* (n) bf16, = */

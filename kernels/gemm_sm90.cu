@@ -20,6 +20,17 @@
  * warpgroup that read it have finished the wgmma that read it. The consumers' mainloops take
  * turns (named barriers 1 and 2), so neither waits on a stage two phases ahead.
  *
+ * Shared memory: the ring, then each consumer's epilogue units, then the barriers. (Until
+ * session 26 the barriers sat at the ring's end, where consumer 0's first unit also starts: its
+ * first epilogue row overwrote them. Every test passed; the layout was wrong all the same.)
+ *
+ * The DGELU epilogues (ng_gemm_sm90_dgelu): at a tile's start one consumer thread waits until
+ * its previous tile's stores have read their units, then has the copy engine load the tile's
+ * pre-activation into 4 units (a 64 x 64 box each, the store's swizzle) on a barrier of its own,
+ * while the mainloop runs; the epilogue waits on that barrier, reads each pair of
+ * pre-activations where it will write the gradient (the same bytes, so no barrier between the
+ * two), and stores the unit; post goes through 2 more units.
+ *
  * NG_GEMM_TILE_128x128_C2 pairs blocks in clusters of two that share W's tile: each loads half
  * of it and the copy engine multicasts it into both; a stage is then free only when both
  * blocks' consumers are done with it. The peer's release is at block scope: with a
@@ -42,22 +53,33 @@
 #define GM_SMEM_MAX (227 * 1024) /* dynamic shared memory a block may have on sm_90 */
 #define GM_UNIT 8192      /* an epilogue unit: 64 rows x 64 bf16, 128-byte swizzled, one store box */
 
+/* The epilogues: EPI_PLAIN out = acc (+ bias); EPI_GELU aux = acc + bias, out = GELU(aux);
+ * EPI_DGELU out = acc * GELU'(pre), the pre-activation read from the aux matrix; EPI_DGELU_POST
+ * that and post = GELU(pre) as well (the activation --recompute gelu needs). */
+enum { EPI_PLAIN = 0, EPI_GELU = 1, EPI_DGELU = 2, EPI_DGELU_POST = 3 };
+
 /* A consumer cycles through its own epilogue units, a tile's output's worth (4): without GELU
  * the copy engine has a whole mainloop to read a unit before it is written again; with GELU
  * (two outputs) the second output's units wait for the first's stores. The ring takes what
  * shared memory is left, up to 4 stages. Measured on the H200 (session 22, bench_gemm, one
  * machine per call so only roughly): 4 stages and 4 units ran 2-7% closer to cuBLASLt than 5
- * stages, or 4 stages with 6 units for GELU; 3 stages with 8 units was no better. */
-template <int WM, int BN, int GELU, int GU = 4> struct gm_cfg {
+ * stages, or 4 stages with 6 units for GELU; 3 stages with 8 units was no better.
+ * DGELU: a consumer loads its tile's pre-activation whole into PRE_UNITS units while it
+ * multiplies, and writes the gradient over it in place; post cycles through GU more units. */
+template <int WM, int BN, int EPI, int GU = 4> struct gm_cfg {
 	static constexpr int A_BYTES = WM * GM_BK * 2;
 	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
-	static constexpr int UNITS = GELU ? GU : (WM / 64) * (BN / 64);
-	static constexpr int UNIT_BYTES = 2 * UNITS * GM_UNIT;
+	static constexpr int TILE_UNITS = (WM / 64) * (BN / 64);
+	static constexpr int UNITS = EPI == EPI_PLAIN ? TILE_UNITS : EPI == EPI_DGELU ? 0 : GU;
+	static constexpr int PRE_UNITS = EPI >= EPI_DGELU ? TILE_UNITS : 0;
+	static constexpr int UNIT_BYTES = 2 * (PRE_UNITS + UNITS) * GM_UNIT;
 	static constexpr int FIT = (GM_SMEM_MAX - 1024 - 256 - UNIT_BYTES) / STAGE_BYTES;
 	static constexpr int STAGES = FIT > 4 ? 4 : FIT;
 	static constexpr int RING = STAGES * STAGE_BYTES;
-	/* the ring, each consumer's epilogue units, 1024 bytes to align them, the barriers */
-	static constexpr int SMEM = RING + UNIT_BYTES + 1024 + 2 * STAGES * 8;
+	/* the ring, each consumer's epilogue units, the barriers (full and empty a stage, one
+	 * pre-activation barrier a consumer), 1024 bytes to align the ring */
+	static constexpr int BARS = RING + UNIT_BYTES;
+	static constexpr int SMEM = BARS + 2 * STAGES * 8 + 2 * 8 + 1024;
 	static_assert(STAGES >= 2, "the ring needs two stages");
 	static_assert(SMEM <= GM_SMEM_MAX, "shared memory");
 };
@@ -170,6 +192,14 @@ static __device__ __forceinline__ void cluster_sync_(void)
 		     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+/* The byte offset in an epilogue unit of the bf16 pair at row r, 8-column block jj, lane's pair
+ * (lane % 4) in it: the copy engine's 128-byte swizzle puts 16-byte chunk jj of row r at chunk
+ * jj ^ (r % 8). */
+static __device__ __forceinline__ int unit_off_(int r, int jj, int lane)
+{
+	return r * 128 + ((jj ^ (r & 7)) << 4) + (lane % 4) * 4;
+}
+
 /* wgmma's shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart. */
 static __device__ __forceinline__ uint64_t desc_(uint32_t saddr)
 {
@@ -273,18 +303,18 @@ static __device__ __forceinline__ void release_(uint64_t *bar, int lane, int ran
 
 #endif /* GM_SM90A */
 
-template <int WM, int BN, int GELU, int CL, int GU = 4>
+template <int WM, int BN, int EPI, int CL, int GU = 4>
 static __global__ void __launch_bounds__(GM_THREADS, 1)
 gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
 	const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
-	const __nv_bfloat16 *bias, int M, int N, int K)
+	const __grid_constant__ CUtensorMap tpost, const __nv_bfloat16 *bias, int M, int N, int K)
 {
 #ifdef GM_SM90A
-	typedef gm_cfg<WM, BN, GELU, GU> C;
+	typedef gm_cfg<WM, BN, EPI, GU> C;
 	constexpr int S = C::STAGES;
 	extern __shared__ unsigned char smem_raw_[];
 	unsigned char *ring = (unsigned char *)(((uintptr_t)smem_raw_ + 1023) & ~(uintptr_t)1023);
-	uint64_t *full = (uint64_t *)(ring + S * C::STAGE_BYTES), *empty = full + S;
+	uint64_t *full = (uint64_t *)(ring + C::BARS), *empty = full + S, *prebar = empty + S;
 	/* Tiles: with clusters of CL = 2 blocks, the two blocks of a cluster take the two row-halves
 	 * of a (2 WM) x BN super-tile together, each loading its own A rows and half of the W rows,
 	 * which the copy engine writes into both blocks. tile st of the cluster: rows
@@ -296,12 +326,18 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 	const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
 
 	if (threadIdx.x == 0) {
+		/* the descriptors into the cache while the barriers are made */
+		const CUtensorMap *maps[5] = { &ta, &tw, &tout, &taux, &tpost };
+		for (int i = 0; i < (EPI == EPI_PLAIN ? 3 : EPI == EPI_DGELU_POST ? 5 : 4); i++)
+			asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)maps[i]) : "memory");
 		for (int s = 0; s < S; s++) {
 			mbar_init_(&full[s], 1);
 			/* one block: every consumer thread; clusters: lane 0 of each consumer warp of
 			 * both blocks */
 			mbar_init_(&empty[s], CL == 1 ? 128 : 4 * CL);
 		}
+		mbar_init_(&prebar[0], 1);
+		mbar_init_(&prebar[1], 1);
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
 	if (CL > 1)
@@ -333,11 +369,25 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		const int c = wg - 1, warp = t / 32, lane = t % 32;
 		float d[WM / 64][BN / 2];
-		unsigned char *units = ring + C::RING + c * C::UNITS * GM_UNIT;
+		/* this consumer's units: the pre-activation's (DGELU), then the cycling ones */
+		unsigned char *pre = ring + C::RING + c * (C::PRE_UNITS + C::UNITS) * GM_UNIT;
+		unsigned char *units = pre + C::PRE_UNITS * GM_UNIT;
 		int local = c, unit = 0;
 		for (int st = cid + c * ncl; st < stiles; st += 2 * ncl, local += 2) {
 			const int m0 = (st / tiles_n * CL + rank) * WM, n0 = st % tiles_n * BN;
 			const int p0 = local * kbs;
+			if (EPI >= EPI_DGELU && t == 0) {
+				/* the tile's pre-activation, landing while the mainloop runs, into
+				 * units the previous tile's stores must have finished reading */
+				bulk_wait_read_<0>();
+				mbar_expect_tx_(&prebar[c], C::PRE_UNITS * GM_UNIT);
+#pragma unroll
+				for (int h = 0; h < WM / 64; h++)
+#pragma unroll
+					for (int b = 0; b < BN / 64; b++)
+						tma_load_(pre + (h * (BN / 64) + b) * GM_UNIT, &taux,
+							  n0 + 64 * b, m0 + 64 * h, &prebar[c]);
+			}
 			/* Ping-pong order: this mainloop starts once the other consumer's previous one
 			 * has made all its waits. Without it this warpgroup would wait on a stage two
 			 * phases ahead, and a phase parity cannot tell the two apart. */
@@ -377,58 +427,107 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 			 * 128-byte swizzle (the 16-byte chunk j of row r at chunk j ^ (r % 8): the
 			 * warp's 8 rows land in 8 different chunks, no bank conflicts), and one
 			 * thread stores the unit with the copy engine, which runs on while the next
-			 * unit is written. aux (the pre-activation) first, then GELU of the same
-			 * fp32 values. */
-			if (bias) { /* the fp32 pre-activation, in place */
-#pragma unroll
-				for (int j = 0; j < BN / 8; j++) {
-					const int col = n0 + 8 * j + 2 * (lane % 4);
-					float2 bb = make_float2(0.0f, 0.0f);
-					if (col < N)
-						bb = __bfloat1622float2(
-							*reinterpret_cast<const __nv_bfloat162 *>(bias + col));
-#pragma unroll
-					for (int h = 0; h < WM / 64; h++) {
-						d[h][4 * j] += bb.x;
-						d[h][4 * j + 1] += bb.y;
-						d[h][4 * j + 2] += bb.x;
-						d[h][4 * j + 3] += bb.y;
-					}
-				}
-			}
-#pragma unroll
-			for (int o = 0; o < (GELU ? 2 : 1); o++) {
+			 * unit is written. */
+			if constexpr (EPI >= EPI_DGELU) {
+				/* the gradient over the pre-activation, in place (each thread reads and
+				 * writes the same 4 bytes: no barrier between); post into the GU
+				 * cycling units, one store group a unit, so the unit GU back is free
+				 * once at most GU - 1 groups still read */
+				mbar_wait_(&prebar[c], (local >> 1) & 1);
 #pragma unroll
 				for (int h = 0; h < WM / 64; h++) {
 #pragma unroll
 					for (int b = 0; b < BN / 64; b++, unit++) {
-						unsigned char *u = units + (unit % C::UNITS) * GM_UNIT;
-						if (t == 0) /* the store that last read u is done with it */
-							bulk_wait_read_<C::UNITS - 1>();
-						wg_sync_(3 + c);
+						unsigned char *u = pre + (h * (BN / 64) + b) * GM_UNIT;
+						unsigned char *v = units + (unit % GU) * GM_UNIT;
+						if (EPI == EPI_DGELU_POST) {
+							if (t == 0)
+								bulk_wait_read_<GU - 1>();
+							wg_sync_(3 + c);
+						}
 #pragma unroll
 						for (int jj = 0; jj < 8; jj++) {
 							const int j = 8 * b + jj;
 #pragma unroll
 							for (int e = 0; e < 2; e++) {
-								const int r = warp * 16 + lane / 4 + 8 * e;
-								float x0 = d[h][4 * j + 2 * e];
-								float x1 = d[h][4 * j + 2 * e + 1];
-								if (GELU && o == 1) {
-									x0 = ng_gelu_f(x0);
-									x1 = ng_gelu_f(x1);
-								}
-								*reinterpret_cast<__nv_bfloat162 *>(
-									u + r * 128 + ((jj ^ (r & 7)) << 4) + (lane % 4) * 4) =
-									__floats2bfloat162_rn(x0, x1);
+								const int off =
+									unit_off_(warp * 16 + lane / 4 + 8 * e, jj, lane);
+								const float2 x = __bfloat1622float2(
+									*reinterpret_cast<const __nv_bfloat162 *>(u + off));
+								float g0, g1;
+								const float d0 = ng_gelu_grad_value_f(x.x, &g0);
+								const float d1 = ng_gelu_grad_value_f(x.y, &g1);
+								*reinterpret_cast<__nv_bfloat162 *>(u + off) =
+									__floats2bfloat162_rn(d[h][4 * j + 2 * e] * d0,
+											      d[h][4 * j + 2 * e + 1] * d1);
+								if (EPI == EPI_DGELU_POST)
+									*reinterpret_cast<__nv_bfloat162 *>(v + off) =
+										__floats2bfloat162_rn(g0, g1);
 							}
 						}
 						fence_async_smem_();
 						wg_sync_(3 + c);
 						if (t == 0) {
-							tma_store_(GELU && o == 0 ? &taux : &tout, u, n0 + 64 * b,
-								   m0 + 64 * h);
+							tma_store_(&tout, u, n0 + 64 * b, m0 + 64 * h);
+							if (EPI == EPI_DGELU_POST)
+								tma_store_(&tpost, v, n0 + 64 * b, m0 + 64 * h);
 							bulk_commit_();
+						}
+					}
+				}
+			} else {
+				/* aux (the pre-activation) first, then GELU of the same fp32 values */
+				if (bias) { /* the fp32 pre-activation, in place */
+#pragma unroll
+					for (int j = 0; j < BN / 8; j++) {
+						const int col = n0 + 8 * j + 2 * (lane % 4);
+						float2 bb = make_float2(0.0f, 0.0f);
+						if (col < N)
+							bb = __bfloat1622float2(
+								*reinterpret_cast<const __nv_bfloat162 *>(bias + col));
+#pragma unroll
+						for (int h = 0; h < WM / 64; h++) {
+							d[h][4 * j] += bb.x;
+							d[h][4 * j + 1] += bb.y;
+							d[h][4 * j + 2] += bb.x;
+							d[h][4 * j + 3] += bb.y;
+						}
+					}
+				}
+#pragma unroll
+				for (int o = 0; o < (EPI == EPI_GELU ? 2 : 1); o++) {
+#pragma unroll
+					for (int h = 0; h < WM / 64; h++) {
+#pragma unroll
+						for (int b = 0; b < BN / 64; b++, unit++) {
+							unsigned char *u = units + (unit % C::UNITS) * GM_UNIT;
+							if (t == 0) /* the store that last read u is done with it */
+								bulk_wait_read_<C::UNITS - 1>();
+							wg_sync_(3 + c);
+#pragma unroll
+							for (int jj = 0; jj < 8; jj++) {
+								const int j = 8 * b + jj;
+#pragma unroll
+								for (int e = 0; e < 2; e++) {
+									const int r = warp * 16 + lane / 4 + 8 * e;
+									float x0 = d[h][4 * j + 2 * e];
+									float x1 = d[h][4 * j + 2 * e + 1];
+									if (EPI == EPI_GELU && o == 1) {
+										x0 = ng_gelu_f(x0);
+										x1 = ng_gelu_f(x1);
+									}
+									*reinterpret_cast<__nv_bfloat162 *>(
+										u + unit_off_(r, jj, lane)) =
+										__floats2bfloat162_rn(x0, x1);
+								}
+							}
+							fence_async_smem_();
+							wg_sync_(3 + c);
+							if (t == 0) {
+								tma_store_(EPI == EPI_GELU && o == 0 ? &taux : &tout, u,
+									   n0 + 64 * b, m0 + 64 * h);
+								bulk_commit_();
+							}
 						}
 					}
 				}
@@ -457,7 +556,7 @@ static enum ng_status encode_init_(void)
 							   cudaEnableDefault, &q)))
 		return NG_ERR_RUNTIME;
 	if (q != cudaDriverEntryPointSuccess || !fn)
-		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: the driver has no "
+		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90: the driver has no "
 			       "cuTensorMapEncodeTiled (query result %d)", (int)q);
 	encode_tiled_ = (PFN_cuTensorMapEncodeTiled_v12000)fn;
 	return NG_OK;
@@ -475,7 +574,7 @@ static enum ng_status encode_(CUtensorMap *map, const void *p, int rows, int K, 
 				   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
 				   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 	if (r != CUDA_SUCCESS)
-		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: cuTensorMapEncodeTiled failed (%d) for "
+		return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90: cuTensorMapEncodeTiled failed (%d) for "
 			       "a %d x %d matrix at %p", (int)r, rows, K, p);
 	return NG_OK;
 }
@@ -511,14 +610,14 @@ extern "C" int ng_gemm_sm90_available(void)
 	return device_sm90_(&sms) && built_sm90a_();
 }
 
-template <int WM, int BN, int GELU, int CL, int GU = 4>
+template <int WM, int BN, int EPI, int CL, int GU = 4>
 static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, const CUtensorMap *to,
-			      const CUtensorMap *tx, const __nv_bfloat16 *bias, int M, int N, int K,
-			      int sms, cudaStream_t s)
+			      const CUtensorMap *tx, const CUtensorMap *tp,
+			      const __nv_bfloat16 *bias, int M, int N, int K, int sms, cudaStream_t s)
 {
-	typedef gm_cfg<WM, BN, GELU, GU> C;
-	void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, const __nv_bfloat16 *,
-		       int, int, int) = gm_fwd_<WM, BN, GELU, CL, GU>;
+	typedef gm_cfg<WM, BN, EPI, GU> C;
+	void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap,
+		       const __nv_bfloat16 *, int, int, int) = gm_fwd_<WM, BN, EPI, CL, GU>;
 	enum ng_status st = ng_ensure_smem_(kernel, C::SMEM);
 	if (st)
 		return st;
@@ -542,15 +641,58 @@ static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, cons
 		if (CL > 1 && NG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg)))
 			return NG_ERR_RUNTIME;
 		if (n < 1)
-			return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90_fwd: no cluster of %d blocks fits",
-				       CL);
+			return ng_fail(NG_ERR_RUNTIME, "ng_gemm_sm90: no cluster of %d blocks fits", CL);
 		fit = n; /* 66 clusters of two on the H200's 132 SMs (session 22) */
 	}
 	const long long stiles = (long long)((M + WM * CL - 1) / (WM * CL)) * ((N + BN - 1) / BN);
 	cfg.gridDim = dim3(CL * (unsigned)(stiles < fit ? stiles : fit));
-	if (NG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, *ta, *tw, *to, *tx, bias, M, N, K)))
+	if (NG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, *ta, *tw, *to, *tx, *tp, bias, M, N, K)))
 		return NG_ERR_RUNTIME;
 	return NG_LAUNCH_CHECK("gm_fwd_");
+}
+
+/* The checks both entry points share: shape, tile, device. */
+static enum ng_status check_common_(const char *who, int M, int N, int K, enum ng_gemm_tile tile)
+{
+	if (M < 1 || N < 1 || K < 1 || N % 8 || K % 8)
+		return ng_check_arg_fail(who, "M = %d, N = %d, K = %d: all >= 1, N and K multiples "
+					 "of 8", M, N, K);
+	if ((long long)M * N > (1ll << 40) || tile < 0 || tile >= NG_GEMM_TILES)
+		return ng_check_arg_fail(who, "M = %d, N = %d, tile %d out of range", M, N, (int)tile);
+	return NG_OK;
+}
+
+static enum ng_status check_device_(const char *who, int *sms)
+{
+	if (!device_sm90_(sms) || !built_sm90a_())
+		return ng_fail(NG_ERR_RUNTIME, "%s: needs an sm_90 GPU and a build for sm_90a", who);
+	return encode_init_();
+}
+
+/* One kernel of the tile and epilogue asked for. */
+template <int EPI, int GU = 4>
+static enum ng_status launch_tile_(enum ng_gemm_tile tile, const CUtensorMap *ta,
+				   const CUtensorMap *tw, const CUtensorMap *to,
+				   const CUtensorMap *tx, const CUtensorMap *tp,
+				   const __nv_bfloat16 *bias, int M, int N, int K, int sms,
+				   cudaStream_t s)
+{
+	if (tile == NG_GEMM_TILE_128x128)
+		return launch_<128, 128, EPI, 1, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+	if (tile == NG_GEMM_TILE_128x128_C2)
+		return launch_<128, 128, EPI, 2, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+	return launch_<64, 256, EPI, 1, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+}
+
+/* inputs in boxes of a stage's rows x 64 (W: half of them with clusters); outputs and the
+ * pre-activation in 64 x 64 units */
+static enum ng_status encode_inputs_(CUtensorMap *ta, CUtensorMap *tw, const void *a,
+				     const void *w, int M, int N, int K, enum ng_gemm_tile tile)
+{
+	const int wm = tile == NG_GEMM_TILE_64x256 ? 64 : 128, bn = 16384 / wm;
+	const int cl = tile == NG_GEMM_TILE_128x128_C2 ? 2 : 1;
+	enum ng_status st = encode_(ta, a, M, K, wm);
+	return st ? st : encode_(tw, w, N, K, bn / cl);
 }
 
 extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_bf16 *inp,
@@ -559,11 +701,9 @@ extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_
 {
 	static const char *who = "ng_gemm_sm90_fwd";
 	int sms = 0;
-	if (M < 1 || N < 1 || K < 1 || N % 8 || K % 8)
-		return ng_check_arg_fail(who, "M = %d, N = %d, K = %d: all >= 1, N and K multiples "
-					 "of 8", M, N, K);
-	if ((long long)M * N > (1ll << 40) || tile < 0 || tile >= NG_GEMM_TILES)
-		return ng_check_arg_fail(who, "M = %d, N = %d, tile %d out of range", M, N, (int)tile);
+	enum ng_status st = check_common_(who, M, N, K, tile);
+	if (st)
+		return st;
 	if (!out || !inp || !w || (gelu && !aux))
 		return ng_check_arg_fail(who, "NULL pointer (out %p, inp %p, w %p, aux %p, gelu %d)",
 					 (void *)out, (const void *)inp, (const void *)w, (void *)aux,
@@ -571,26 +711,43 @@ extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_
 	if (!ng_aligned16_(out) || !ng_aligned16_(inp) || !ng_aligned16_(w) ||
 	    (aux && !ng_aligned16_(aux)) || (bias && !ng_aligned16_(bias)))
 		return ng_check_arg_fail(who, "pointers must be 16-byte aligned");
-	if (!device_sm90_(&sms) || !built_sm90a_())
-		return ng_fail(NG_ERR_RUNTIME, "%s: needs an sm_90 GPU and a build for sm_90a", who);
-	enum ng_status st = encode_init_();
-	if (st)
+	if ((st = check_device_(who, &sms)))
 		return st;
-		/* inputs in boxes of a stage's rows x 64 (W: half of them with clusters); outputs in
-	 * 64 x 64 units */
-	const int wm = tile == NG_GEMM_TILE_64x256 ? 64 : 128, bn = 16384 / wm;
-	const int cl = tile == NG_GEMM_TILE_128x128_C2 ? 2 : 1;
 	CUtensorMap ta, tw, to, tx;
-	if ((st = encode_(&ta, inp, M, K, wm)) || (st = encode_(&tw, w, N, K, bn / cl)) ||
+	if ((st = encode_inputs_(&ta, &tw, inp, w, M, N, K, tile)) ||
 	    (st = encode_(&to, out, M, N, 64)) || (st = encode_(&tx, gelu ? aux : out, M, N, 64)))
 		return st;
 	const __nv_bfloat16 *b = (const __nv_bfloat16 *)bias;
-	if (tile == NG_GEMM_TILE_128x128)
-		return gelu ? launch_<128, 128, 1, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
-			    : launch_<128, 128, 0, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
-	if (tile == NG_GEMM_TILE_128x128_C2)
-		return gelu ? launch_<128, 128, 1, 2>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
-			    : launch_<128, 128, 0, 2>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
-	return gelu ? launch_<64, 256, 1, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s)
-		    : launch_<64, 256, 0, 1>(&ta, &tw, &to, &tx, b, M, N, K, sms, s);
+	return gelu ? launch_tile_<EPI_GELU>(tile, &ta, &tw, &to, &tx, &tx, b, M, N, K, sms, s)
+		    : launch_tile_<EPI_PLAIN>(tile, &ta, &tw, &to, &tx, &tx, b, M, N, K, sms, s);
+}
+
+extern "C" enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre, ng_bf16 *post, const ng_bf16 *pre,
+					     const ng_bf16 *dout, const ng_bf16 *wt, int M, int N,
+					     int K, enum ng_gemm_tile tile, cudaStream_t s)
+{
+	static const char *who = "ng_gemm_sm90_dgelu";
+	int sms = 0;
+	enum ng_status st = check_common_(who, M, N, K, tile);
+	if (st)
+		return st;
+	if (!dpre || !pre || !dout || !wt)
+		return ng_check_arg_fail(who, "NULL pointer (dpre %p, pre %p, dout %p, wt %p)",
+					 (void *)dpre, (const void *)pre, (const void *)dout,
+					 (const void *)wt);
+	if (!ng_aligned16_(dpre) || !ng_aligned16_(pre) || !ng_aligned16_(dout) ||
+	    !ng_aligned16_(wt) || (post && !ng_aligned16_(post)))
+		return ng_check_arg_fail(who, "pointers must be 16-byte aligned");
+	if ((st = check_device_(who, &sms)))
+		return st;
+	CUtensorMap ta, tw, to, tx, tp;
+	if ((st = encode_inputs_(&ta, &tw, dout, wt, M, N, K, tile)) ||
+	    (st = encode_(&to, dpre, M, N, 64)) || (st = encode_(&tx, pre, M, N, 64)) ||
+	    (st = encode_(&tp, post ? post : dpre, M, N, 64)))
+		return st;
+	/* post cycles through 2 units, which leaves the ring 4 stages: with 4 units and 3 stages
+	 * the kernel ran 8% slower at d24 (0.652 against 0.601 ms, bench_gemm --dgelu, session 26) */
+	if (!post)
+		return launch_tile_<EPI_DGELU>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
+	return launch_tile_<EPI_DGELU_POST, 2>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
 }

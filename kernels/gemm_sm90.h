@@ -1,6 +1,7 @@
 /*
  * kernels/gemm_sm90.h — our own Hopper GEMM for the forward of a linear layer, with the bias
- * and GELU epilogue that cuBLASLt runs slowly.
+ * and GELU epilogue that cuBLASLt runs slowly, and for the MLP projection's input gradient
+ * with the GELU backward (and the recomputed GELU) in its epilogue.
  *
  * Why: cuBLASLt's GELU_AUX_BIAS epilogue offers five algorithms for the MLP's fc forward, and
  * the best runs at ~500 TFLOP/s against ~660 for the plain matmul of the same shape
@@ -11,6 +12,14 @@
  *
  *   out (M, N) bf16 = inp (M, K) @ W^T + bias       W is (N, K), torch.nn.Linear's layout
  *   gelu: aux (M, N) bf16 = the pre-activation above; out = GELU(pre-activation)
+ *
+ *   ng_gemm_sm90_dgelu, the backward of GELU(pre) @ W2^T for W2 (K, N) (the MLP projection):
+ *   dpre (M, N) bf16 = (dout (M, K) @ wt^T) * GELU'(pre)      wt = W2^T, (N, K) row-major
+ *   post (M, N) bf16 = GELU(pre), when post is not NULL (--recompute gelu's activation)
+ * The product stays fp32 until it is multiplied by GELU'(pre) and rounded once (cuBLASLt's DGELU
+ * epilogue does the same; the unfused pair rounds the product to bf16 first). Why: the unfused
+ * pair writes the product and reads it back (2 x 4C bf16 a token), and cuBLASLt's DGELU
+ * epilogue runs at ~60% of its plain matmul at d24 (BENCHMARKS.md, session 25).
  *
  * GELU is the tanh form of GPT-2, evaluated in fp32 on the fp32 pre-activation (as cuBLASLt
  * does; the function is kernels/common.cuh's ng_gelu_f, which the elementwise kernels use too):
@@ -23,6 +32,9 @@
  * ring of shared-memory stages; the other two each take every other tile of the block and run
  * wgmma (sm_90a) on it, then write its epilogue straight from registers. Tiles per consumer:
  * NG_GEMM_TILE_128x128 or NG_GEMM_TILE_64x256 (rows x columns).
+ *
+ * The DGELU epilogue: each consumer loads its tile's pre-activation into shared memory with the
+ * copy engine while it multiplies, then writes the gradient over it and stores it from there.
  *
  * Preconditions (checked; a failure names the value): an sm_90 GPU and a build with the sm_90a
  * target; M, N, K >= 1; N and K multiples of 8; every pointer 16-byte aligned; gelu needs aux.
@@ -42,8 +54,9 @@ extern "C" {
 
 /* The kernel's revision: raise it whenever a change may alter its speed, so that autotune's kept
  * choices (kernels/matmul_cache.c) time our GEMM again instead of trusting an old figure.
- * 2: the GELU epilogue with folded constants (session 24). */
-#define NG_GEMM_SM90_REV 2
+ * 2: the GELU epilogue with folded constants (session 24).
+ * 3: the barriers no longer share shared memory with the first epilogue unit (session 26). */
+#define NG_GEMM_SM90_REV 3
 
 enum ng_gemm_tile {
 	NG_GEMM_TILE_128x128 = 0,
@@ -63,6 +76,13 @@ enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out,        /* (M, N) bf16, = */
 				const ng_bf16 *bias, /* (N) bf16, or NULL */
 				int M, int N, int K, int gelu, enum ng_gemm_tile tile,
 				cudaStream_t s);
+
+enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre,       /* (M, N) bf16, = */
+				  ng_bf16 *post,       /* (M, N) bf16, = GELU(pre); or NULL */
+				  const ng_bf16 *pre,  /* (M, N) bf16, the pre-activation */
+				  const ng_bf16 *dout, /* (M, K) bf16 */
+				  const ng_bf16 *wt,   /* (N, K) bf16 */
+				  int M, int N, int K, enum ng_gemm_tile tile, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -134,6 +134,15 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 			"for");
 		return NG_ERR_INPUT;
 	}
+	if (sp->own && (sp->kind != NG_MATMUL_DINP || !sp->gelu || sp->fp8))
+		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: own is for a bf16 "
+					 "DINP with gelu", k, sp->N, sp->IC, sp->OC);
+	if (sp->own && !ng_gemm_sm90_available()) {
+		ng_fail(NG_ERR_RUNTIME, "ng_matmul_plan: DINP N=%d IC=%d OC=%d on our own GEMM needs "
+			"an sm_90 GPU and a build for sm_90a", sp->N, sp->IC, sp->OC);
+		ng_hint("--gelu-fusion auto or bwd take cuBLASLt's DGELU instead");
+		return NG_ERR_RUNTIME;
+	}
 	return NG_OK;
 }
 
@@ -612,6 +621,17 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	memset(mm, 0, sizeof(*mm));
 	if ((st = check_spec_(spec)))
 		return st;
+	if (spec->own) { /* our own GEMM's DINP with DGELU: nothing of cuBLASLt's */
+		mm->spec = *spec;
+		mm->lt = ctx->lt;
+		mm->align_bytes = ctx->align_bytes < 16 ? 16 : ctx->align_bytes;
+		mm->m = spec->IC;
+		mm->n = spec->N;
+		mm->k = spec->OC;
+		mm->own = (int)NG_GEMM_TILE_128x128 + 1;
+		mm->n_candidates = 1;
+		return NG_OK;
+	}
 	if (spec->autotune)
 		want = ctx->tune_candidates < 1 ? 1
 		       : ctx->tune_candidates > NG_MM_MAX_CANDIDATES ? NG_MM_MAX_CANDIDATES
@@ -678,10 +698,11 @@ static enum ng_status check_ptr_(const struct ng_matmul *mm, const char *name, c
 	return NG_OK;
 }
 
-/* residual: FWD with accumulate, cuBLASLt's C (else C is out itself) */
+/* residual: FWD with accumulate, cuBLASLt's C (else C is out itself); post: an own DINP's
+ * GELU(aux), or NULL */
 static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a, const void *b,
 			    const void *bias, void *aux, void *dbias, const void *residual,
-			    void *workspace, cudaStream_t s)
+			    void *post, void *workspace, cudaStream_t s)
 {
 	const struct ng_matmul_spec *sp = &mm->spec;
 	const float one = 1.0f;
@@ -706,6 +727,12 @@ static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a,
 			return NG_ERR_INPUT;
 		if (!mm->colsum)
 			bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
+	}
+	if (mm->own && sp->kind == NG_MATMUL_DINP) { /* b is W^T (IC, OC) */
+		if (post && check_ptr_(mm, "post", post))
+			return NG_ERR_INPUT;
+		return ng_gemm_sm90_dgelu(out, post, aux, a, b, sp->N, sp->IC, sp->OC,
+					  (enum ng_gemm_tile)(mm->own - 1), s);
 	}
 	if (mm->own) /* our own GEMM (FWD, bf16): the same outputs, no workspace */
 		return ng_gemm_sm90_fwd(out, sp->gelu ? aux : NULL, a, b, bias_ptr, sp->N, sp->OC,
@@ -760,7 +787,22 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 		return ng_check_arg_fail("ng_matmul_run", "FWD N=%d IC=%d OC=%d adds a residual: run "
 					 "it with ng_matmul_run_residual", mm->spec.N, mm->spec.IC,
 					 mm->spec.OC);
-	return run_(mm, out, a, b, bias, aux, dbias, NULL, workspace, s);
+	if (mm->spec.own)
+		return ng_check_arg_fail("ng_matmul_run", "DINP N=%d IC=%d OC=%d is our own GEMM's "
+					 "plan: run it with ng_matmul_run_dgelu and W^T", mm->spec.N,
+					 mm->spec.IC, mm->spec.OC);
+	return run_(mm, out, a, b, bias, aux, dbias, NULL, NULL, workspace, s);
+}
+
+enum ng_status ng_matmul_run_dgelu(const struct ng_matmul *mm, void *dinp, const void *dout,
+				   const void *wt, void *aux, void *post, void *workspace,
+				   cudaStream_t s)
+{
+	if (!mm->spec.own)
+		return ng_check_arg_fail("ng_matmul_run_dgelu", "%s N=%d IC=%d OC=%d: not a plan with "
+					 "spec.own", kind_name_(mm->spec.kind), mm->spec.N,
+					 mm->spec.IC, mm->spec.OC);
+	return run_(mm, dinp, dout, wt, NULL, aux, NULL, NULL, post, workspace, s);
 }
 
 /* The fp8 descales into the plan's descriptor (cuBLASLt's A is W, run's b; its B the input) */
@@ -802,7 +844,7 @@ enum ng_status ng_matmul_run_residual(const struct ng_matmul *mm, void *out, con
 		return ng_check_arg_fail(who, "N=%d IC=%d OC=%d: a bf16 plan takes no descales",
 					 sp->N, sp->IC, sp->OC);
 	}
-	return run_(mm, out, a, b, bias, NULL, NULL, residual, workspace, s);
+	return run_(mm, out, a, b, bias, NULL, NULL, residual, NULL, workspace, s);
 }
 
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
@@ -816,5 +858,5 @@ enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const vo
 	enum ng_status st = set_descales_(mm, "ng_matmul_run_fp8", a_descale, b_descale);
 	if (st)
 		return st;
-	return run_(mm, out, a, b, bias, aux, NULL, NULL, workspace, s);
+	return run_(mm, out, a, b, bias, aux, NULL, NULL, NULL, workspace, s);
 }

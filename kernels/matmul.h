@@ -53,6 +53,13 @@
  *   (d12 qkv 0.077 ms vs a 0.071 ms floor, fc 0.112 vs 0.094; narrow OC = C shapes are
  *   launch-bound), so a hand-written column-sum kernel could save at most ~0.6 ms per d12 step.
  *
+ * Our own GEMM for the MLP projection's DINP with DGELU (spec.own, chosen by the executor's
+ * --gelu-fusion timing, not by autotune): dinp = (dout @ W) * GELU'(aux) from W^T (IC x OC
+ * bf16, which the caller makes with ng_transpose_bf16), so that the GEMM reads both operands
+ * K-major as in the forward; it can also write GELU(aux), which --recompute gelu needs next.
+ * The step transposes every layer's W at the start of the backward: read right after its
+ * transpose, W^T made the GEMM ~10% slower (BENCHMARKS.md, session 26).
+ *
  * Our own GEMM: for a bf16 FWD with autotune on an sm_90 GPU, the candidates also include
  * kernels/gemm_sm90.h's kernel (128 x 128 tiles, TMA and wgmma, the bias and GELU epilogue
  * through shared memory), timed the same way; it runs only where it is the fastest. On the
@@ -148,6 +155,10 @@ struct ng_matmul_spec {
 	                 * W comes as its transpose (IC, OC) in E4M3; each with a device descale
 	                 * (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC multiples
 	                 * of 16; needs an FP8 GPU (sm_89 / sm_90); not DW */
+	int own;        /* DINP with gelu, bf16: run our own Hopper GEMM (kernels/gemm_sm90.h) with
+	                 * the DGELU epilogue, untimed, no cuBLASLt, no workspace: W comes as its
+	                 * transpose (IC, OC), and ng_matmul_run_dgelu can write GELU(aux) as well
+	                 * (the activation --recompute gelu needs). Needs ng_gemm_sm90_available(). */
 };
 
 /* Choices kept: autotune's pick for one matmul, remembered so that the next plan of the same
@@ -251,6 +262,13 @@ enum ng_status ng_matmul_run_residual(const struct ng_matmul *mm, void *out, con
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
 				 const void *b, const void *bias, void *aux, const float *a_descale,
 				 const float *b_descale, void *workspace, cudaStream_t s);
+
+/* Run a DINP plan with spec.own: dinp = (dout @ W) * GELU'(aux) as ng_matmul_run, from wt = W^T
+ * (IC, OC) bf16 (ng_transpose_bf16 makes it), and post (N, IC) bf16 = GELU(aux) unless post is
+ * NULL, from the same read of aux. The workspace is not used (the plan needs none). */
+enum ng_status ng_matmul_run_dgelu(const struct ng_matmul *mm, void *dinp, const void *dout,
+				   const void *wt, void *aux, void *post, void *workspace,
+				   cudaStream_t s);
 
 /* FLOPs of one run (2 * N * IC * OC), for benchmarks. */
 double ng_matmul_flops(const struct ng_matmul_spec *spec);

@@ -49,7 +49,8 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		{ "--head-chunk", NG_FLAG_INT, &a->head_chunk, 0, 1 << 30, "ROWS",
 		  "classifier rows per chunk (0 = all B*T rows at once; 16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &a->gelu, 0, 0, "WHAT",
-		  "GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd | bwd | none (auto: "
+		  "GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd,own | fwd | bwd | own | "
+		  "none (own: the DGELU on our own Hopper GEMM, opt-in; auto: "
 		  "planned as fwd,bwd here; the GPU times bwd)", false },
 		{ "--deterministic", NG_FLAG_BOOL, &a->deterministic, 0, 0, NULL,
 		  "deterministic reductions (bigger workspaces)", false },

@@ -207,6 +207,57 @@ Test(elementwise, casts)
 	free(f), free(back), free(h);
 }
 
+/* The transpose is a copy: every element exactly where it belongs, nothing written past out
+ * (a guard row of 0xff bytes after it stays), for shapes with edges in both dimensions. */
+static void transpose_case(int R, int C, int count, struct ng_rng *r, uint64_t seed)
+{
+	const size_t one = (size_t)R * C, n = one * count, guard = 64;
+	ng_bf16 *in = kt_xmalloc(n * 2), *out = kt_xmalloc((n + guard) * 2);
+	for (size_t i = 0; i < n; i++)
+		in[i] = (ng_bf16)ng_rng_below(r, 65536);
+	ng_bf16 *din = kt_upload(in, n * 2), *dout = kt_upload(NULL, (n + guard) * 2);
+	kt_cuda(cudaMemset(dout, 0xff, (n + guard) * 2), "cudaMemset");
+	kt_ok(ng_transpose_bf16(dout, din, R, C, count, 0), "ng_transpose_bf16");
+	kt_download(out, dout, (n + guard) * 2);
+	size_t bad = n;
+	for (int b = 0; b < count; b++)
+		for (int i = 0; i < R && bad == n; i++)
+			for (int j = 0; j < C; j++)
+				if (out[b * one + (size_t)j * R + i] != in[b * one + (size_t)i * C + j]) {
+					bad = b * one + (size_t)i * C + j;
+					break;
+				}
+	cr_expect(bad == n, "transpose %d x %d (x %d): element %zu misplaced; seed %llu", R, C,
+		  count, bad, (unsigned long long)seed);
+	for (size_t i = n; i < n + guard; i++)
+		cr_expect(out[i] == 0xffff, "transpose %d x %d wrote past its end", R, C);
+	cudaFree(din);
+	cudaFree(dout);
+	free(in);
+	free(out);
+}
+
+Test(elementwise, transpose)
+{
+	cr_expect_eq(ng_transpose_bf16((ng_bf16 *)(uintptr_t)4096, (const ng_bf16 *)(uintptr_t)4096,
+				       4, 4, 1, 0), NG_ERR_INPUT); /* overlapping */
+	cr_expect_eq(ng_transpose_bf16((ng_bf16 *)(uintptr_t)4096, (const ng_bf16 *)(uintptr_t)8192,
+				       0, 4, 1, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_transpose_bf16((ng_bf16 *)(uintptr_t)4096, (const ng_bf16 *)(uintptr_t)8192,
+				       4, 4, 0, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	const int shapes[][3] = { { 1, 1, 1 }, { 1, 77, 1 }, { 77, 1, 1 }, { 33, 65, 3 },
+				  { 768, 3072, 1 }, { 1600, 6400, 1 }, { 1000, 37, 1 },
+				  { 130, 194, 5 }, { 1024, 4096, 3 } };
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		transpose_case(shapes[i][0], shapes[i][1], shapes[i][2], &r, seed);
+}
+
 static void split_case(int B, int T)
 {
 	uint64_t seed = kt_seed();

@@ -10,6 +10,8 @@
  * Shapes: edges in every dimension (M = 1, 300; N = 3104 = 4 x 776, not a multiple of either
  * tile's width; K = 776, not a multiple of the 64 of a stage), both tiles, with and without bias
  * and GELU, large-mean inputs, and a d12-like block that is run twice for identical bytes.
+ * The DGELU epilogue (ng_gemm_sm90_dgelu) the same way: dpre against ng_ref_gelu_bwd of the fp64
+ * product, post against ng_ref_gelu_fwd, pre unchanged.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -56,16 +58,23 @@ static void expect_close_(const char *what, const struct gm_case *c, uint64_t se
 	free(nv);
 }
 
-static void run_case_(const struct gm_case *c)
+/* Skips where the kernel cannot run; else seeds r and returns the seed. */
+static uint64_t start_(struct ng_rng *r)
 {
 	if (ng_cuda_device_count() < 1)
 		cr_skip_test("no CUDA device");
 	if (!ng_gemm_sm90_available())
 		cr_skip_test("not an sm_90 GPU (or no sm_90a build): the kernel cannot run here");
-	const size_t M = c->M, N = c->N, K = c->K;
 	uint64_t seed = kt_seed();
+	ng_rng_seed(r, seed);
+	return seed;
+}
+
+static void run_case_(const struct gm_case *c)
+{
+	const size_t M = c->M, N = c->N, K = c->K;
 	struct ng_rng r;
-	ng_rng_seed(&r, seed);
+	uint64_t seed = start_(&r);
 	ng_bf16 *ah = kt_xmalloc(M * K * 2), *wh = kt_xmalloc(N * K * 2), *bh = kt_xmalloc(N * 2);
 	double *ad = kt_xmalloc(M * K * 8), *wd = kt_xmalloc(N * K * 8), *bd = kt_xmalloc(N * 8);
 	kt_fill_bf16(&r, ah, ad, M * K, c->mean, 1.0);
@@ -128,6 +137,86 @@ static void run_case_(const struct gm_case *c)
 	free(pre); free(g); free(npre); free(ng); free(out); free(aux);
 }
 
+/* ng_gemm_sm90_dgelu: dpre = (dout (M, K) @ W2 (K, N)) * GELU'(pre), post = GELU(pre), with
+ * wt = W2^T (N, K) as the kernel takes it. Naive: the fp32 product times the fp32 derivative,
+ * rounded once, as the kernel computes it. */
+struct dg_case {
+	int M, N, K;
+	int post, tile;
+	double pre_mean; /* mean of the pre-activations */
+	int determinism;
+};
+
+static float gelu_grad_f_(float x)
+{
+	const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+	const float th = tanhf(u);
+	return 0.5f * (1.0f + th) +
+	       0.5f * x * (1.0f - th * th) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+static void run_dgelu_(const struct dg_case *c)
+{
+	const size_t M = c->M, N = c->N, K = c->K;
+	struct ng_rng r;
+	uint64_t seed = start_(&r);
+	ng_bf16 *doh = kt_xmalloc(M * K * 2), *wth = kt_xmalloc(N * K * 2), *ph = kt_xmalloc(M * N * 2);
+	double *dod = kt_xmalloc(M * K * 8), *wtd = kt_xmalloc(N * K * 8), *pd = kt_xmalloc(M * N * 8);
+	kt_fill_bf16(&r, doh, dod, M * K, 0.0, 1.0);
+	kt_fill_bf16(&r, wth, wtd, N * K, 0.0, 1.0 / sqrt((double)K));
+	kt_fill_bf16(&r, ph, pd, M * N, c->pre_mean, 1.5);
+
+	double *prod = kt_xmalloc(M * N * 8), *ref = kt_xmalloc(M * N * 8), *gref = kt_xmalloc(M * N * 8);
+	float *nd = kt_xmalloc(M * N * 4), *npost = kt_xmalloc(M * N * 4);
+	for (size_t m = 0; m < M; m++)
+		for (size_t n = 0; n < N; n++) {
+			double sd = 0.0;
+			float f = 0.0f;
+			for (size_t k = 0; k < K; k++) {
+				sd += dod[m * K + k] * wtd[n * K + k];
+				f += (float)dod[m * K + k] * (float)wtd[n * K + k];
+			}
+			prod[m * N + n] = sd;
+			const float x = (float)pd[m * N + n];
+			nd[m * N + n] = (float)kt_round_bf16(f * gelu_grad_f_(x));
+			npost[m * N + n] = (float)kt_round_bf16(gelu_f_(x));
+		}
+	ng_ref_gelu_bwd(ref, pd, prod, M * N);
+	ng_ref_gelu_fwd(gref, pd, M * N);
+
+	void *ddo = kt_upload(doh, M * K * 2), *dwt = kt_upload(wth, N * K * 2);
+	void *dp = kt_upload(ph, M * N * 2), *dd = kt_upload(NULL, M * N * 2);
+	void *dpost = kt_upload(NULL, M * N * 2);
+	kt_cuda(cudaMemset(dd, 0xff, M * N * 2), "cudaMemset");
+	kt_cuda(cudaMemset(dpost, 0xff, M * N * 2), "cudaMemset");
+	kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dp, ddo, dwt, c->M, c->N, c->K,
+				 (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_dgelu");
+	ng_bf16 *got = kt_xmalloc(M * N * 2), *gpost = kt_xmalloc(M * N * 2), *pre_after = kt_xmalloc(M * N * 2);
+	kt_download(got, dd, M * N * 2);
+	struct gm_case named = { c->M, c->N, c->K, 1, c->post, c->tile, c->pre_mean, 0 };
+	expect_close_("dgelu dpre", &named, seed, ref, nd, got, M * N);
+	if (c->post) {
+		kt_download(gpost, dpost, M * N * 2);
+		expect_close_("dgelu post (GELU)", &named, seed, gref, npost, gpost, M * N);
+	}
+	kt_download(pre_after, dp, M * N * 2); /* an input: read, never written */
+	cr_expect(!memcmp(pre_after, ph, M * N * 2), "pre changed (seed %llu)",
+		  (unsigned long long)seed);
+	if (c->determinism) {
+		ng_bf16 *again = kt_xmalloc(M * N * 2);
+		kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dp, ddo, dwt, c->M, c->N, c->K,
+					 (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_dgelu");
+		kt_download(again, dd, M * N * 2);
+		cr_expect(!memcmp(again, got, M * N * 2), "dpre differs between two runs (seed %llu)",
+			  (unsigned long long)seed);
+		free(again);
+	}
+	cudaFree(ddo); cudaFree(dwt); cudaFree(dp); cudaFree(dd); cudaFree(dpost);
+	free(doh); free(wth); free(ph); free(dod); free(wtd); free(pd);
+	free(prod); free(ref); free(gref); free(nd); free(npost); free(got); free(gpost);
+	free(pre_after);
+}
+
 #define C776 776
 /*                                                         M     N         K    gelu bias tile mean det */
 Test(gemm_sm90, gelu_bias_edges_128x128) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 0, 0.0, 0}); }
@@ -143,6 +232,17 @@ Test(gemm_sm90, plain_deep_k_128x128c2) { run_case_(&(struct gm_case){257, 264, 
 Test(gemm_sm90, gelu_d12_block_twice_128x128c2) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 2, 0.0, 1}); }
 Test(gemm_sm90, gelu_d24_block_twice_128x128c2) { run_case_(&(struct gm_case){1536, 4096, 1024, 1, 1, 2, 1.0, 1}); }
 Test(gemm_sm90, gelu_d12_block_twice_64x256) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 1, 0.0, 1}); }
+
+/* DGELU: (M, N = 4C, K = C) as the MLP projection's input gradient; edges in every dimension,
+ * every tile, with and without post, pre-activations centred where GELU' changes fastest. */
+/*                                                        M     N         K    post tile mean det */
+Test(gemm_sm90, dgelu_post_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 0, 0.0, 0}); }
+Test(gemm_sm90, dgelu_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 0, 0, -1.0, 0}); }
+Test(gemm_sm90, dgelu_post_edges_64x256) { run_dgelu_(&(struct dg_case){130, 4 * C776, C776, 1, 1, 0.0, 0}); }
+Test(gemm_sm90, dgelu_post_edges_128x128c2) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 2, 0.0, 0}); }
+Test(gemm_sm90, dgelu_post_one_row_128x128) { run_dgelu_(&(struct dg_case){1, 264, 200, 1, 0, 0.0, 0}); }
+Test(gemm_sm90, dgelu_post_d24_block_twice_128x128) { run_dgelu_(&(struct dg_case){1536, 4096, 1024, 1, 0, 0.0, 1}); }
+Test(gemm_sm90, dgelu_d12_block_twice_128x128) { run_dgelu_(&(struct dg_case){1024, 3072, 768, 0, 0, 0.5, 1}); }
 
 /* Bad arguments fail with an input error and a message, before touching the GPU. */
 Test(gemm_sm90, bad_inputs_fail_cleanly)
@@ -163,5 +263,13 @@ Test(gemm_sm90, bad_inputs_fail_cleanly)
 	ng_clear_error();
 	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 64, 1, (enum ng_gemm_tile)7, 0),
 		     NG_ERR_INPUT);
+	ng_clear_error();	cr_expect_eq(ng_gemm_sm90_dgelu(p, p, p, p, p, 64, 100, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "multiples of 8"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, NULL, NULL, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "NULL"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, odd, p, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
 	ng_clear_error();
 }

@@ -24,6 +24,7 @@
 
 #include "graph/cpu_ops.h"
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/matmul.h"
 #include "kernels/types.h"
@@ -42,7 +43,8 @@ struct mm_case {
 	double mean;     /* mean of the activation inputs (large-mean case) */
 	int determinism; /* run the whole case twice, compare the output bytes */
 	int colsum;      /* DW bias: 1 the column-sum matmul, 0 the BGRADB epilogue */
-	int own;         /* FWD: force our own GEMM's candidate (kernels/gemm_sm90.h) */
+	int own;         /* FWD: force our own GEMM's candidate (kernels/gemm_sm90.h); DINP with
+	                  * gelu: spec.own */
 };
 
 static float round_bf16_(float f) { return kt_bf16_to_f32(kt_f32_to_bf16(f)); }
@@ -227,6 +229,17 @@ static enum ng_status run_(const struct mm_case *c, const struct ng_matmul *mm, 
 {
 	if (c->kind == NG_MATMUL_FWD && c->accumulate)
 		return ng_matmul_run_residual(mm, out, a, b, bias, res, NULL, NULL, ws, 0);
+	if (mm->spec.own) { /* our own GEMM's DGELU from W^T (no post here: test_gemm_sm90) */
+		void *wt = NULL;
+		size_t bytes = (size_t)mm->spec.IC * mm->spec.OC * 2;
+		kt_cuda(cudaMalloc(&wt, bytes), "cudaMalloc");
+		enum ng_status st = ng_transpose_bf16(wt, b, mm->spec.OC, mm->spec.IC, 1, 0);
+		if (!st)
+			st = ng_matmul_run_dgelu(mm, out, a, wt, aux, NULL, ws, 0);
+		kt_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+		cudaFree(wt);
+		return st;
+	}
 	return ng_matmul_run(mm, out, a, b, bias, aux, dbias, ws, 0);
 }
 
@@ -271,10 +284,14 @@ static void run_case_(const struct mm_case *c)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	struct ng_matmul_spec sp = {c->kind, c->N, c->IC, c->OC, c->gelu, c->bias, c->accumulate,
-				    c->autotune, 0};
+				    c->autotune, 0, 0};
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	ctx.dbias_colsum = c->colsum;
-	if (c->own) {
+	if (c->own && c->kind == NG_MATMUL_DINP) { /* spec.own: W^T in the workspace, then ours */
+		if (!ng_gemm_sm90_available())
+			cr_skip_test("not an sm_90 GPU (or no sm_90a build): no own GEMM to test");
+		sp.own = 1;
+	} else if (c->own) {
 		if (!ng_gemm_sm90_available())
 			cr_skip_test("not an sm_90 GPU (or no sm_90a build): no own GEMM to test");
 		ctx.own_gemm = 1;
@@ -416,6 +433,8 @@ Test(matmul, fwd_gelu_autotune) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 64,
 Test(matmul, dinp_plain) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, C776, 3 * C776, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
 Test(matmul, dinp_dgelu) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1, 0, 0}); }
 Test(matmul, dinp_dgelu_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
+Test(matmul, dinp_dgelu_own) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1, 0, 1}); }
+Test(matmul, dinp_dgelu_own_offset16_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 16, 0.0, 0, 0, 1}); }
 Test(matmul, dinp_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
 Test(matmul, dw_bias_accumulate) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 0, 2, 0, 0.0, 1, 0, 0}); }
 Test(matmul, dw_bias_accumulate_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, C776, 4 * C776, 0, 1, 1, 0, 2, 0, 0.0, 0, 0, 0}); }
@@ -432,14 +451,14 @@ Test(matmul, bad_inputs_fail_cleanly)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
-	struct ng_matmul_spec bad = {NG_MATMUL_FWD, 4, 770, 768, 0, 1, 0, 0, 0};
+	struct ng_matmul_spec bad = {NG_MATMUL_FWD, 4, 770, 768, 0, 1, 0, 0, 0, 0};
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &bad), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "IC=770") != NULL, "message: %s", ng_error_message());
 	ng_clear_error();
-	struct ng_matmul_spec dwgelu = {NG_MATMUL_DW, 4, 768, 768, 1, 0, 0, 0, 0};
+	struct ng_matmul_spec dwgelu = {NG_MATMUL_DW, 4, 768, 768, 1, 0, 0, 0, 0, 0};
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dwgelu), NG_ERR_INPUT);
 	ng_clear_error();
-	struct ng_matmul_spec ok = {NG_MATMUL_FWD, 4, 768, 768, 0, 1, 0, 0, 0};
+	struct ng_matmul_spec ok = {NG_MATMUL_FWD, 4, 768, 768, 0, 1, 0, 0, 0, 0};
 	cr_assert(!ng_matmul_plan(&mm, &ctx, &ok), "%s", ng_error_message());
 	void *p;
 	cr_assert(!NG_CUDA_CHECK(cudaMalloc(&p, (size_t)1 << 20)));
@@ -451,7 +470,11 @@ Test(matmul, bad_inputs_fail_cleanly)
 	cr_expect_eq(ng_matmul_run(&mm, p, p, p, NULL, NULL, NULL, p, 0), NG_ERR_INPUT); /* bias */
 	ng_clear_error();
 	ng_matmul_free(&mm);
-	struct ng_matmul_spec dwb = {NG_MATMUL_DW, 4, 768, 768, 0, 1, 1, 0, 0};
+	struct ng_matmul_spec own_fwd = {NG_MATMUL_FWD, 4, 768, 768, 1, 0, 0, 0, 0, 1};
+	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &own_fwd), NG_ERR_INPUT); /* own: DINP + gelu only */
+	cr_expect(strstr(ng_error_message(), "own is for") != NULL, "%s", ng_error_message());
+	ng_clear_error();
+	struct ng_matmul_spec dwb = {NG_MATMUL_DW, 4, 768, 768, 0, 1, 1, 0, 0, 0};
 	cr_assert(!ng_matmul_plan(&mm, &ctx, &dwb), "%s", ng_error_message());
 	cr_assert(mm.workspace_need > 0); /* colsum's 3.0 vector lives there */
 	cr_expect_eq(ng_matmul_run(&mm, p, p, p, NULL, NULL, p, (char *)p + 16, 0), NG_ERR_INPUT);

@@ -56,6 +56,8 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	o->recompute_layernorm = (int)ng_rng_below(&rng_, 2);
 	o->recompute_fp8 = (int)ng_rng_below(&rng_, 2);
 	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
+	if ((o->fuse_gelu & NG_GELU_FUSE_BWD) && ng_rng_below(&rng_, 2))
+		o->fuse_gelu |= NG_GELU_FUSE_OWN; /* the DGELU on our own GEMM */
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
 	o->fp8 = (int)ng_rng_below(&rng_, 33); /* NG_FP8_* bits, 32 = AUTO alone: none */
 	o->fp8 |= (int)ng_rng_below(&rng_, 16) << NG_FP8_DINP_SHIFT;
@@ -220,10 +222,13 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		/* unfused DGELU: GELU_BWD recomputes the activation (--recompute gelu) and sums the
 		 * fc bias gradient, which the fc dW then leaves out */
 		const int fused_bwd = (o.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
+		const int own = (o.fuse_gelu & NG_GELU_FUSE_OWN) &&
+				!(g.fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ));
 		cr_assert_eq(count_kind(&g, NG_OP_GELU_FWD),
 			     K * L * ((o.fuse_gelu & NG_GELU_FUSE_FWD ? 0 : 1) +
-				      (o.recompute_gelu && fused_bwd ? 1 : 0)));
+				      (o.recompute_gelu && fused_bwd && !own ? 1 : 0)));
 		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD), fused_bwd ? 0 : K * L);
+		cr_assert_eq(count_kind(&g, NG_OP_TRANSPOSE_W), own ? K : 0);
 		for (int k = 0; k < g.n_ops; k++) {
 			const struct ng_op *op = &g.ops[k];
 			if (op->kind == NG_OP_GELU_BWD) {
@@ -234,6 +239,30 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 			}
 			if (op->kind == NG_OP_MATMUL_DW && op->which == NG_OP_WHICH_FC)
 				cr_assert_eq(op->param[1], fused_bwd ? NG_P_FCB : -1);
+			/* own: the fcproj dinp on our GEMM (bf16), writing the recomputed
+			 * activation that the fcproj dW right after it reads */
+			if (op->kind == NG_OP_MATMUL_DINP) {
+				const int mine = own && op->which == NG_OP_WHICH_FCPROJ;
+				cr_assert_eq(op->own, mine, "seed %llu %s: %s",
+					     (unsigned long long)seed_, what, op->name);
+				if (mine) {
+					cr_assert_eq(op->fp8, 0);
+					cr_assert_eq(op->n_in, 3);
+					/* W^T from the micro-batch's TRANSPOSE_W, long before */
+					const struct ng_op *tw = &g.ops[g.tensors[op->in[1]].first_op];
+					cr_assert(tw->kind == NG_OP_TRANSPOSE_W && tw->micro == op->micro &&
+						  tw->param[0] == NG_P_FCPROJW, "seed %llu %s: %s reads %s",
+						  (unsigned long long)seed_, what, op->name,
+						  g.tensors[op->in[1]].name);
+					cr_assert_eq(g.tensors[op->in[1]].shape[0], (size_t)L);
+					cr_assert_eq(op->n_out, o.recompute_gelu ? 2 : 1);
+					const struct ng_op *dw = &g.ops[k + 1];
+					cr_assert(dw->kind == NG_OP_MATMUL_DW &&
+						  dw->which == NG_OP_WHICH_FCPROJ && dw->layer == op->layer);
+					if (o.recompute_gelu)
+						cr_assert_eq(dw->in[1], op->out[1]);
+				}
+			}
 		}
 		cr_assert_eq(count_kind(&g, NG_OP_LOSS_ACCUMULATE), K);
 		cr_assert_eq(count_kind(&g, NG_OP_ENCODER_BWD), K);
@@ -620,18 +649,21 @@ Test(step, plan_check_fit)
  * until the device has timed it; anything else is one error line. */
 Test(step, gelu_fusion_names)
 {
-	const char *text[] = { "none", "fwd", "bwd", "fwd,bwd", "bwd,fwd", "auto" };
-	int bits[] = { 0, NG_GELU_FUSE_FWD, NG_GELU_FUSE_BWD, NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD,
-		       NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD,
-		       NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO };
-	const char *name[] = { "none", "fwd", "bwd", "fwd,bwd", "fwd,bwd", "auto: fwd,bwd" };
-	for (int i = 0; i < 6; i++) {
+	const int F = NG_GELU_FUSE_FWD, B = NG_GELU_FUSE_BWD, O = NG_GELU_FUSE_OWN;
+	const char *text[] = { "none", "fwd", "bwd", "fwd,bwd", "bwd,fwd", "auto", "own",
+			       "fwd,own", "own,fwd" };
+	int bits[] = { 0, F, B, F | B, F | B, F | B | NG_GELU_FUSE_AUTO, B | O, F | B | O,
+		       F | B | O };
+	const char *name[] = { "none", "fwd", "bwd", "fwd,bwd", "fwd,bwd", "auto: fwd,bwd", "own",
+			       "fwd,own", "fwd,own" };
+	for (int i = 0; i < 9; i++) {
 		int m = -1;
 		cr_assert_eq(ng_step_parse_gelu_fusion(text[i], &m), NG_OK, "%s", text[i]);
 		cr_assert_eq(m, bits[i], "%s -> %d", text[i], m);
 		cr_assert_str_eq(ng_step_gelu_fusion_name(m), name[i]);
 	}
 	cr_assert_str_eq(ng_step_gelu_fusion_name(NG_GELU_FUSE_FWD | NG_GELU_FUSE_AUTO), "auto: fwd");
+	cr_assert_str_eq(ng_step_gelu_fusion_name(F | B | O | NG_GELU_FUSE_AUTO), "auto: fwd,own");
 	struct ng_step_options o;
 	ng_step_default_options(&o);
 	cr_assert_eq(o.fuse_gelu, NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_AUTO);

@@ -22,6 +22,7 @@
 #include "graph/cpu_ref.h"
 #include "graph/exec.h"
 #include "kernels/check.h"
+#include "kernels/gemm_sm90.h"
 #include "kernels/split.h"
 
 /* The fp32 master after the step (p1, lay.total floats): the split master (kernels/split.h)
@@ -199,6 +200,19 @@ Test(train_gpu, step_matches_cpu_reference)
 	/* the GELU backward that recomputes the activation (unfused DGELU), and the fused one */
 	step_matches(NG_GELU_FUSE_FWD, 0, 1);
 	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 0, 1);
+}
+
+/* The DGELU on our own GEMM (--gelu-fusion own): the same step, with and without --recompute
+ * gelu (where it writes the activation too). Needs an sm_90 GPU and the sm_90a build. */
+Test(train_gpu, own_dgelu_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	if (!ng_gemm_sm90_available())
+		cr_skip_test("not an sm_90 GPU (or no sm_90a build): no own GEMM here");
+	const int own = NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN;
+	step_matches(own, 0, 0);
+	step_matches(NG_GELU_FUSE_FWD | own, 0, 1);
 }
 
 static void sm_version(int *major, int *minor)

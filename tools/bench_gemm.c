@@ -10,7 +10,11 @@
  * values). The own kernel's outputs are compared with cuBLASLt's: the largest difference
  * relative to the largest output, which two correct bf16 results keep near a bf16 ulp.
  *
- * Usage: bench_gemm [--fc] [d12|d24|d48 ...]   (all three by default; --fc: the fc matmul only)
+ * Usage: bench_gemm [--fc | --dgelu] [d12|d24|d48 ...]   (all three by default; --fc: the fc
+ * matmul only; --dgelu: the FC-proj input gradient with the GELU backward, each way the step
+ * can run it: cuBLASLt's plain matmul and ng_gelu_bwd_bias, our own GEMM's DGELU with and without
+ * the recomputed GELU, the W^T transpose it needs, and our own forward GELU GEMM of the same
+ * shape for comparison)
  */
 #include <math.h>
 #include <stdint.h>
@@ -19,12 +23,14 @@
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/matmul.h"
 #include "tools/bench_sustained.h"
 #include "util/rng.h"
 
 static int only_fc; /* --fc: the fc matmul alone */
+static int dgelu;   /* --dgelu: the FC-proj input gradient with the GELU backward */
 
 struct bufs {
 	void *a, *w, *bias, *out, *aux, *out2, *aux2, *ws;
@@ -143,7 +149,7 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 		    fill_(b.bias, (size_t)OC, 0.5, &r))
 			return 1;
 		struct ng_matmul mm;
-		struct ng_matmul_spec s = { NG_MATMUL_FWD, M, IC, OC, mms[i].gelu, 1, 0, 1, 0 };
+		struct ng_matmul_spec s = { NG_MATMUL_FWD, M, IC, OC, mms[i].gelu, 1, 0, 1, 0, 0 };
 		if (ng_matmul_plan(&mm, ctx, &s)) {
 			fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
 			return 1;
@@ -195,6 +201,121 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 	return rc;
 }
 
+/* --dgelu: one way of the FC-proj input gradient with the GELU backward (what `way` says). */
+struct dg_arg {
+	const struct ng_matmul *mm;
+	int way, M, N, K; /* (M, N = 4C) = (M, K = C) @ W2 (K, N) */
+	void *dout, *w, *wt, *pre, *dpre, *post, *dbias, *part, *ws;
+};
+
+enum { DG_PAIR, DG_DINP, DG_GELU_BWD, DG_TRANSPOSE, DG_OWN_POST, DG_OWN, DG_OWN_POST_T,
+       DG_OWN_POST_64x256, DG_OWN_POST_C2, DG_OWN_FWD_GELU, DG_OWN_POST_X, DG_DINP_X,
+       DG_OWN_POST_M, DG_WAYS };
+static const char *dg_name[DG_WAYS] = {
+	"cuBLASLt dinp + gelu_bwd_bias (recompute)", "  cuBLASLt dinp alone",
+	"  gelu_bwd_bias + recompute alone", "W^T transpose alone", "own DGELU + post",
+	"own DGELU (no post)", "own DGELU + post + W^T transpose", "own DGELU + post, 64x256",
+	"own DGELU + post, 128x128 clusters of 2", "own forward GELU, same shape",
+	"own DGELU + post after a transpose elsewhere", "cuBLASLt dinp after a transpose elsewhere",
+	"own DGELU + post after a 1 MiB memset" };
+
+static int dg_launch_(const void *arg)
+{
+	const struct dg_arg *d = arg;
+	enum ng_status st = NG_OK;
+	switch (d->way) {
+	case DG_PAIR: case DG_DINP: case DG_GELU_BWD:
+		if (d->way != DG_GELU_BWD)
+			st = ng_matmul_run(d->mm, d->dpre, d->dout, d->w, NULL, NULL, NULL, d->ws, 0);
+		if (!st && d->way != DG_DINP)
+			st = ng_gelu_bwd_bias(d->dpre, d->post, d->dbias, 0, d->pre, d->dpre, d->M, d->N,
+					      d->part, 0);
+		break;
+	case DG_TRANSPOSE:
+		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 1, 0);
+		break;
+	case DG_OWN_POST_X: case DG_DINP_X: case DG_OWN_POST_M: /* is it the kernel before? */
+		if (d->way == DG_OWN_POST_M)
+			st = NG_CUDA_CHECK(cudaMemsetAsync(d->ws, 0, 1 << 20, 0));
+		else
+			st = ng_transpose_bf16(d->ws, d->w, d->K, d->N, 1, 0);
+		if (!st && d->way == DG_DINP_X)
+			st = ng_matmul_run(d->mm, d->dpre, d->dout, d->w, NULL, NULL, NULL,
+					   (char *)d->ws + ((size_t)24 << 20), 0);
+		else if (!st)
+			st = ng_gemm_sm90_dgelu(d->dpre, d->post, d->pre, d->dout, d->wt, d->M, d->N,
+						d->K, NG_GEMM_TILE_128x128, 0);
+		break;
+	case DG_OWN_POST_T:
+		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 1, 0);
+		/* fall through */
+	case DG_OWN_POST: case DG_OWN: case DG_OWN_POST_64x256: case DG_OWN_POST_C2:
+		if (!st)
+			st = ng_gemm_sm90_dgelu(d->dpre, d->way == DG_OWN ? NULL : d->post, d->pre,
+						d->dout, d->wt, d->M, d->N, d->K,
+						d->way == DG_OWN_POST_64x256 ? NG_GEMM_TILE_64x256
+						: d->way == DG_OWN_POST_C2 ? NG_GEMM_TILE_128x128_C2
+									     : NG_GEMM_TILE_128x128,
+						0);
+		break;
+	default: /* the forward: (M, N) = (M, K) @ (N, K)^T with GELU */
+		st = ng_gemm_sm90_fwd(d->post, d->dpre, d->dout, d->wt, NULL, d->M, d->N, d->K, 1,
+				      NG_GEMM_TILE_128x128, 0);
+	}
+	return st != NG_OK;
+}
+
+static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *ctx,
+			 cudaEvent_t *ev)
+{
+	const int M = B * 1024, N = 4 * C, K = C;
+	struct ng_rng r;
+	ng_rng_seed(&r, 1234);
+	struct dg_arg d = { NULL, 0, M, N, K, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL };
+	size_t big = (size_t)M * N;
+	int rc = NG_CUDA_CHECK(cudaMalloc(&d.dout, (size_t)M * K * 2)) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.w, (size_t)N * K * 2)) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.wt, (size_t)N * K * 2)) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.pre, big * 2)) || NG_CUDA_CHECK(cudaMalloc(&d.dpre, big * 2)) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.post, big * 2)) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.dbias, (size_t)N * 4)) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.part, ng_bias_grad_scratch_bytes(M, N))) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.ws, ctx->workspace_bytes + ((size_t)48 << 20)));
+	rc = rc || fill_(d.dout, (size_t)M * K, 1.0, &r) ||
+	     fill_(d.w, (size_t)N * K, 1.0 / sqrt(K), &r) || fill_(d.pre, big, 1.5, &r) ||
+	     ng_transpose_bf16(d.wt, d.w, K, N, 1, 0) != NG_OK;
+	struct ng_matmul mm;
+	struct ng_matmul_spec sp = { NG_MATMUL_DINP, M, N, K, 0, 0, 0, 1, 0, 0 };
+	if (!rc && ng_matmul_plan(&mm, ctx, &sp)) {
+		fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
+		rc = 1;
+	}
+	if (rc)
+		return 1;
+	d.mm = &mm;
+	printf("\n== %s --dgelu: M = %d, N = 4C = %d, K = C = %d; sustained ms, best of 3 ==\n", name,
+	       M, N, K);
+	float best[DG_WAYS];
+	for (int w = 0; w < DG_WAYS; w++)
+		best[w] = 1e30f;
+	for (int round = 0; round < 3 && !rc; round++)
+		for (int w = 0; w < DG_WAYS && !rc; w++) {
+			float ms;
+			d.way = w;
+			rc = ng_time_sustained(dg_launch_, &d, ev, 0.0f, &ms);
+			if (!rc && ms < best[w])
+				best[w] = ms;
+		}
+	for (int w = 0; w < DG_WAYS && !rc; w++)
+		printf("%-44s %.4f ms  (x %d layers: %.2f ms a step)\n", dg_name[w], best[w], L,
+		       best[w] * L);
+	ng_matmul_free(&mm);
+	void *p[] = { d.dout, d.w, d.wt, d.pre, d.dpre, d.post, d.dbias, d.part, d.ws };
+	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
+		cudaFree(p[i]);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	if (ng_cuda_device_count() < 1 || !ng_gemm_sm90_available()) {
@@ -215,12 +336,18 @@ int main(int argc, char **argv)
 	int rc = 0;
 	if (argc > 1 && !strcmp(argv[1], "--fc"))
 		only_fc = 1, argc--, argv++;
+	else if (argc > 1 && !strcmp(argv[1], "--dgelu"))
+		dgelu = 1, argc--, argv++;
 	for (int i = 0; i < 3 && !rc; i++) {
 		int want = argc < 2;
 		for (int a = 1; a < argc; a++)
 			want |= !strcmp(argv[a], cfg[i].name);
 		if (!want)
 			continue;
+		if (dgelu) {
+			rc = dgelu_config_(cfg[i].name, cfg[i].B, cfg[i].C, cfg[i].L, &ctx, ev);
+			continue;
+		}
 		double lt = 0, own = 0;
 		rc = config_(cfg[i].name, cfg[i].B, cfg[i].C, cfg[i].L, &ctx, ev, &lt, &own);
 		if (!rc)
