@@ -505,7 +505,7 @@ static void dinp_case_(int N, int IC, int OC, int gelu)
 		}
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
-	struct ng_matmul_spec sp = { NG_MATMUL_DINP, N, IC, OC, gelu, 0, 0, 0, 1 };
+	struct ng_matmul_spec sp = { NG_MATMUL_DINP, N, IC, OC, gelu, 0, 0, 0, 1, 0 };
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	if (ng_matmul_plan(&mm, &ctx, &sp))
 		cr_assert_fail("seed %llu: %s", (unsigned long long)seed, ng_error_message());
@@ -602,7 +602,7 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias, int resid)
 
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
-	struct ng_matmul_spec sp = { NG_MATMUL_FWD, N, IC, OC, gelu, bias, resid, 0, 1 };
+	struct ng_matmul_spec sp = { NG_MATMUL_FWD, N, IC, OC, gelu, bias, resid, 0, 1, 0 };
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	if (ng_matmul_plan(&mm, &ctx, &sp)) {
 		int major = 0;
@@ -682,8 +682,8 @@ Test(fp8, matmul_bad_specs)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
-	struct ng_matmul_spec dw = { NG_MATMUL_DW, 4, 784, 784, 0, 0, 0, 0, 1 };
-	struct ng_matmul_spec odd = { NG_MATMUL_FWD, 4, 776, 784, 0, 0, 0, 0, 1 };
+	struct ng_matmul_spec dw = { NG_MATMUL_DW, 4, 784, 784, 0, 0, 0, 0, 1, 0 };
+	struct ng_matmul_spec odd = { NG_MATMUL_FWD, 4, 776, 784, 0, 0, 0, 0, 1, 0 };
 	ng_clear_error();
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dw), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "fp8 is FWD or DINP only"), "%s", ng_error_message());
