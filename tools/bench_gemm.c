@@ -293,22 +293,30 @@ static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul
 	if (rc)
 		return 1;
 	d.mm = &mm;
-	printf("\n== %s --dgelu: M = %d, N = 4C = %d, K = C = %d; sustained ms, best of 3 ==\n", name,
+	printf("\n== %s --dgelu: M = %d, N = 4C = %d, K = C = %d; sustained ms, best of 3; energy, median of 3 ==\n", name,
 	       M, N, K);
 	float best[DG_WAYS];
+	double mj[DG_WAYS][3];
 	for (int w = 0; w < DG_WAYS; w++)
 		best[w] = 1e30f;
 	for (int round = 0; round < 3 && !rc; round++)
 		for (int w = 0; w < DG_WAYS && !rc; w++) {
 			float ms;
 			d.way = w;
-			rc = ng_time_sustained(dg_launch_, &d, ev, 0.0f, &ms);
+			rc = ng_time_energy(dg_launch_, &d, ev, &ms, &mj[w][round]);
 			if (!rc && ms < best[w])
 				best[w] = ms;
 		}
-	for (int w = 0; w < DG_WAYS && !rc; w++)
-		printf("%-44s %.4f ms  (x %d layers: %.2f ms a step)\n", dg_name[w], best[w], L,
+	for (int w = 0; w < DG_WAYS && !rc; w++) {
+		/* energy: the median of the three rounds */
+		double *e = mj[w], lo = fmin(e[0], fmin(e[1], e[2])), hi = fmax(e[0], fmax(e[1], e[2]));
+		double med = e[0] + e[1] + e[2] - lo - hi;
+		printf("%-44s %.4f ms  (x %d layers: %.2f ms a step)", dg_name[w], best[w], L,
 		       best[w] * L);
+		if (med >= 0)
+			printf("  %.1f mJ a launch (%.0f W)", med, med / best[w]);
+		printf("\n");
+	}
 	ng_matmul_free(&mm);
 	void *p[] = { d.dout, d.w, d.wt, d.pre, d.dpre, d.post, d.dbias, d.part, d.ws };
 	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
