@@ -31,9 +31,9 @@ static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *in
 	}
 }
 
-/* Transpose (a batch: blockIdx.z) in 64 x 64 tiles through shared memory (rows padded by 4 bytes: at most 2-way bank
- * conflicts), 32 x 8 threads a block; with PAIRS (R and C even) each thread moves bf16 pairs,
- * 4-byte accesses along rows both ways, else single elements. */
+/* Transpose (a batch: blockIdx.z) in 64 x 64 tiles through shared memory (rows padded by 4
+ * bytes: at most 2-way bank conflicts), 32 x 8 threads a block; with PAIRS (R and C even) each
+ * thread moves bf16 pairs, 4-byte accesses along rows both ways, else single elements. */
 #define TP_TILE 64
 template <int PAIRS>
 static __global__ void transpose_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *in, int R, int C)

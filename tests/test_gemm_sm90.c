@@ -263,7 +263,8 @@ Test(gemm_sm90, bad_inputs_fail_cleanly)
 	ng_clear_error();
 	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 64, 1, (enum ng_gemm_tile)7, 0),
 		     NG_ERR_INPUT);
-	ng_clear_error();	cr_expect_eq(ng_gemm_sm90_dgelu(p, p, p, p, p, 64, 100, 64, 0, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, p, p, p, p, 64, 100, 64, 0, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "multiples of 8"), "%s", ng_error_message());
 	ng_clear_error();
 	cr_expect_eq(ng_gemm_sm90_dgelu(p, NULL, NULL, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);

@@ -293,8 +293,8 @@ static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul
 	if (rc)
 		return 1;
 	d.mm = &mm;
-	printf("\n== %s --dgelu: M = %d, N = 4C = %d, K = C = %d; sustained ms, best of 3; energy, median of 3 ==\n", name,
-	       M, N, K);
+	printf("\n== %s --dgelu: M = %d, N = 4C = %d, K = C = %d; sustained ms, best of 3; energy, "
+	       "median of 3 ==\n", name, M, N, K);
 	float best[DG_WAYS];
 	double mj[DG_WAYS][3];
 	for (int w = 0; w < DG_WAYS; w++)
