@@ -62,6 +62,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 		s.kind = NG_MATMUL_DINP;
 		s.fp8 = op->fp8;
 		s.own = op->own;
+		s.bias = op->own; /* ours sums the fc bias gradient too */
 	} else {
 		s.kind = NG_MATMUL_DW;
 		s.gelu = 0;
@@ -873,13 +874,14 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		ng_bf16 *dinp = (ng_bf16 *)ng_exec_tensor_(e, g, op->out[0]) + (size_t)op->row_start * mm->spec.IC;
 		if (op->fp8)
 			return run_matmul_dinp_fp8(e, g, op, mm, dinp, scratch, s);
-		if (op->own) /* this layer's W^T of TRANSPOSE_W's */
+		if (op->own) /* this layer's W^T of TRANSPOSE_W's; the fc bias gradient */
 			return ng_matmul_run_dgelu(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
 						   (ng_bf16 *)ng_exec_tensor_(e, g, op->in[1]) +
 							   (size_t)op->layer * mm->spec.IC * mm->spec.OC,
 						   ng_exec_tensor_(e, g, op->in[2]),
-						   op->n_out > 1 ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
-						   scratch, s);
+						   op->n_out > 2 ? ng_exec_tensor_(e, g, op->out[2]) : NULL,
+						   pp(e, g, op->out[1], op->param[1], op->layer),
+						   !op->overwrite, scratch, s);
 		return ng_matmul_run(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
 				     pp(e, g, op->in[1], op->param[0], op->layer), NULL,
 				     op->gelu ? ng_exec_tensor_(e, g, op->in[2]) : NULL, NULL, scratch, s);
