@@ -483,7 +483,7 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 							bulk_commit_();
 						}
 					}
-					if (part) {
+					if (part && m0 < M) { /* (clusters: a row-half past M has no row) */
 						/* the warp's rows of each column: lanes that share lane % 4
 						 * share columns; their butterfly sum, written by lanes 0-3 as
 						 * partial row (tile row) * 4 + warp of part (fixed order, no
