@@ -497,8 +497,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 	emit(b, &op, 0);
 	layernorm_bwd(b, NG_OP_WHICH_LNF, -1, dlnf, f->resid_final, f->meanf, f->rstdf, dresid);
 	/* own: every layer's fcproj W^T for our GEMM, written now, long before each is read */
-	const int own = (g->fuse_gelu & NG_GELU_FUSE_OWN) &&
-			!(g->fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ));
+	const int own = (g->fuse_gelu & NG_GELU_FUSE_OWN) != 0;
 	int wt = -1;
 	if (own) {
 		wt = act(b, "fcproj_wt", NG_DTYPE_BF16, 3, (size_t)g->cfg.L, 4 * C, C);
@@ -508,8 +507,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 	}
 	for (int l = g->cfg.L - 1; l >= 0; l--) {
 		const struct layer_acts *a = &f->la[l];
-		/* MLP: fcproj, GELU, fc (own is bf16: an fp8 FC-proj input gradient, --fp8, takes
-		 * cuBLASLt's) */
+		/* MLP: fcproj, GELU, fc */
 		const int fused_bwd = own || (g->fuse_gelu & NG_GELU_FUSE_BWD) != 0;
 		int gelu_out = a->fch_gelu;
 		if (g->recompute_gelu) {
@@ -664,6 +662,9 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 	g->fuse_gelu = opt.fuse_gelu;
 	g->deterministic = opt.deterministic;
 	g->fp8 = kind == NG_GRAPH_TRAIN ? opt.fp8 & NG_FP8_EVERY : 0;
+	/* own is bf16: an fp8 FC-proj input gradient (--fp8) keeps cuBLASLt's DGELU */
+	if (g->fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ))
+		g->fuse_gelu &= ~NG_GELU_FUSE_OWN;
 	g->align = opt.align ? opt.align : 256;
 
 	size_t P[1] = { g->lay.total };
