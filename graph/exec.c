@@ -18,6 +18,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/fp8.h"
+#include "kernels/gemm_sm90.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/optim.h"
@@ -62,6 +63,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 		s.kind = NG_MATMUL_DINP;
 		s.fp8 = op->fp8;
 		s.own = op->own;
+		s.bias = op->own; /* ours sums the fc bias gradient too */
 	} else {
 		s.kind = NG_MATMUL_DW;
 		s.gelu = 0;
@@ -125,48 +127,59 @@ static enum ng_status time_batch(struct ng_exec *e, pair_run_fn run, void *arg, 
 	return st;
 }
 
-/* Times the two variants of a plan-time choice as the step runs them: on a GPU held at its power
- * cap, where the clock drops and what spends less energy wins (bench_matmul --sustained,
- * BENCHMARKS.md session 17; a synchronised burst runs at the boost clock). One synchronised
- * iteration of each sizes the batches; both alternate for ~HEAT_MS; then ROUNDS rounds run each
- * variant ~BATCH_MS of iterations back to back between two events. ms[v]: the median over the
- * rounds of the time an iteration. ~0.4 s a choice. */
-static enum ng_status time_pair(struct ng_exec *e, pair_run_fn run, void *arg, float ms[2])
+/* Times the nv variants (2 or 3) of a plan-time choice as the step runs them: on a GPU held at
+ * its power cap, where the clock drops and what spends less energy wins (bench_matmul
+ * --sustained, BENCHMARKS.md session 17; a synchronised burst runs at the boost clock). One
+ * synchronised iteration of each sizes the batches; all alternate for ~HEAT_MS; then ROUNDS
+ * rounds run each variant ~BATCH_MS of iterations back to back between two events. ms[v]: the
+ * median over the rounds of the time an iteration. ~0.2 s a variant. */
+#define TIME_MAX_VARIANTS 3
+static enum ng_status time_variants(struct ng_exec *e, pair_run_fn run, void *arg, int nv,
+				    float *ms)
 {
 	enum { ROUNDS = 5 };
 	const float HEAT_MS = 150.0f, BATCH_MS = 25.0f;
 	cudaEvent_t ev[2] = { 0 };
-	float est[2] = { 0, 0 }, t[2][ROUNDS];
-	int k[2];
+	float est[TIME_MAX_VARIANTS] = { 0 }, t[TIME_MAX_VARIANTS][ROUNDS];
+	int k[TIME_MAX_VARIANTS];
 	enum ng_status st = NG_OK;
+	if (nv < 1 || nv > TIME_MAX_VARIANTS)
+		return ng_fail(NG_ERR_RUNTIME, "time_variants: %d variants (1..%d)", nv,
+			       TIME_MAX_VARIANTS);
 	for (int i = 0; i < 2 && !st; i++)
 		st = NG_CUDA_CHECK(cudaEventCreate(&ev[i]));
 	for (int r = 0; r < 2 && !st; r++) /* r = 0: warm-up (first launches load modules) */
-		for (int v = 0; v < 2 && !st; v++)
+		for (int v = 0; v < nv && !st; v++)
 			st = time_batch(e, run, arg, v, 1, ev, &est[v]);
-	for (int v = 0; v < 2; v++) {
+	float all = 0.0f;
+	for (int v = 0; v < nv; v++) {
 		float n = est[v] > 0.0f ? BATCH_MS / est[v] : 1.0f;
 		k[v] = n < 1.0f ? 1 : n > 10000.0f ? 10000 : (int)n;
+		all += est[v];
 	}
-	float pair = est[0] + est[1];
-	int heat = pair > 0.0f ? (int)(HEAT_MS / pair) : 1;
+	int heat = all > 0.0f ? (int)(HEAT_MS / all) : 1;
 	heat = heat < 1 ? 1 : heat > 10000 ? 10000 : heat;
 	for (int i = 0; i < heat && !st; i++)
-		for (int v = 0; v < 2 && !st; v++)
+		for (int v = 0; v < nv && !st; v++)
 			st = run(e, arg, v);
 	for (int r = 0; r < ROUNDS && !st; r++)
-		for (int v = 0; v < 2 && !st; v++)
+		for (int v = 0; v < nv && !st; v++)
 			st = time_batch(e, run, arg, v, k[v], ev, &t[v][r]);
 	for (int i = 0; i < 2; i++)
 		if (ev[i])
 			cudaEventDestroy(ev[i]);
 	if (st)
 		return st;
-	for (int v = 0; v < 2; v++) {
+	for (int v = 0; v < nv; v++) {
 		qsort(t[v], ROUNDS, sizeof(float), cmp_float);
 		ms[v] = t[v][ROUNDS / 2];
 	}
 	return NG_OK;
+}
+
+static enum ng_status time_pair(struct ng_exec *e, pair_run_fn run, void *arg, float ms[2])
+{
+	return time_variants(e, run, arg, 2, ms);
 }
 
 /* The two plans of a GELU choice: s with the epilogue (plan[0]) and without (plan[1]); *ws the
@@ -198,26 +211,29 @@ static size_t lay_out(const size_t *sizes, int n, size_t *at)
 	return bytes;
 }
 
-/* time_pair on a scratch buffer of `bytes` filled with a constant (bf16 0x3c3c = 0.0115), freed
- * after. */
+/* time_variants on a scratch buffer of `bytes` filled with a constant (bf16 0x3c3c = 0.0115),
+ * freed after. */
 static enum ng_status time_on_scratch(struct ng_exec *e, char *buf, size_t bytes, pair_run_fn run,
-				      void *arg, float ms[2])
+				      void *arg, int nv, float *ms)
 {
 	enum ng_status st = NG_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes, e->stream));
 	if (!st)
-		st = time_pair(e, run, arg, ms);
+		st = time_variants(e, run, arg, nv, ms);
 	cudaFree(buf);
 	return st;
 }
 
-/* choose_dgelu's scratch and plans: the FC backward as the step runs it either way.
- * Variant 0 (DGELU fused): with --recompute gelu the GELU kernel recomputes the activation first;
- * the FC-proj dinp matmul with the DGELU epilogue; the fc dW matmul with its bias gradient (the
- * column-sum matmul). Variant 1: the plain FC-proj dinp matmul; ng_gelu_bwd_bias in place (the
- * fc bias gradient, and the activation with --recompute gelu); the fc dW matmul without bias. */
+/* choose_dgelu's scratch and plans: the FC backward as the step runs it each way.
+ * Variant 0 (DGELU fused, cuBLASLt): with --recompute gelu the GELU kernel recomputes the
+ * activation first; the FC-proj dinp matmul with the DGELU epilogue; the fc dW matmul with its
+ * bias gradient (the column-sum matmul). Variant 1: the plain FC-proj dinp matmul;
+ * ng_gelu_bwd_bias in place (the fc bias gradient, and the activation with --recompute gelu);
+ * the fc dW matmul without bias. Variant 2 (own): our own GEMM's DINP with DGELU, the fc bias
+ * gradient from its column sums, and with --recompute gelu the activation; the fc dW without
+ * bias. W^T is made once (the step makes it at the backward's start). */
 struct dgelu_trial {
-	const struct ng_matmul *dinp_mm[2], *dw_mm[2];
-	char *dfch, *fch, *dresid, *w, *ln2, *dw, *dbias, *gelu_out, *part, *ws;
+	const struct ng_matmul *dinp_mm[3], *dw_mm[3];
+	char *dfch, *fch, *dresid, *w, *wt, *ln2, *dw, *dbias, *gelu_out, *part, *ws;
 	int N, C;
 };
 
@@ -228,7 +244,10 @@ static enum ng_status dgelu_run(struct ng_exec *e, void *arg, int v)
 	size_t n = (size_t)d->N * 4 * d->C;
 	if (v == 0 && d->gelu_out)
 		st = ng_gelu_fwd((ng_bf16 *)d->gelu_out, (const ng_bf16 *)d->fch, n, e->stream);
-	if (!st)
+	if (!st && v == 2)
+		st = ng_matmul_run_dgelu(d->dinp_mm[v], d->dfch, d->dresid, d->wt, d->fch,
+					 d->gelu_out, (float *)d->dbias, 0, d->ws, e->stream);
+	else if (!st)
 		st = ng_matmul_run(d->dinp_mm[v], d->dfch, d->dresid, d->w, NULL,
 				   v == 0 ? d->fch : NULL, NULL, d->ws, e->stream);
 	if (!st && v == 1)
@@ -242,22 +261,24 @@ static enum ng_status dgelu_run(struct ng_exec *e, void *arg, int v)
 }
 
 /* --gelu-fusion auto: the FC backward with the DGELU epilogue fused into the FC-proj dinp
- * matmul, or unfused (dgelu_trial above), whichever is faster here at the step's shape
- * (time_pair: under sustained load, on scratch filled with a constant). The unfused form also
- * takes over the fc bias gradient and, with --recompute gelu, the recomputed activation, so the
- * trial times everything that differs between the two: the fc dW matmul too. The plans stay in
- * e->plans; the graph is built with the choice. Measured on the H200: the epilogue wins at d12
- * and d48, loses at d24 (BENCHMARKS.md). Not with --deterministic: two runs must build the same
- * step, so the bits stay as given. */
+ * matmul (cuBLASLt's, or, on an sm_90 GPU in a bf16 run, our own GEMM's), or unfused
+ * (dgelu_trial above), whichever is fastest here at the step's shape (time_variants: under
+ * sustained load, on scratch filled with a constant). The trial times everything that differs
+ * between them: the fc bias gradient, the recomputed activation, the fc dW matmul. The plans
+ * stay in e->plans; the graph is built with the choice (*fuse: NG_GELU_FUSE_BWD, with
+ * NG_GELU_FUSE_OWN, or 0). Measured on the H200: cuBLASLt's epilogue wins at d12 and d48,
+ * loses at d24 (BENCHMARKS.md). Not with --deterministic: two runs must build the same step, so
+ * the bits stay as given. */
 static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 {
 	const struct ng_gpt_config *m = &e->cfg.model;
 	const int N = e->cfg.B * e->cfg.T, C = m->C, recompute = e->train.recompute_gelu;
+	const int nv = !e->train.fp8 && ng_gemm_sm90_available() ? 3 : 2;
 	struct ng_matmul_spec s = { .kind = NG_MATMUL_DINP, .N = N, .IC = 4 * C, .OC = C,
 				    .autotune = e->cfg.autotune };
 	struct ng_matmul_spec w = { .kind = NG_MATMUL_DW, .N = N, .IC = C, .OC = 4 * C,
 				    .autotune = e->cfg.autotune };
-	int dinp_plan[2] = { 0, 0 }, dw_plan[2] = { 0, 0 };
+	int dinp_plan[3] = { 0, 0, 0 }, dw_plan[3] = { 0, 0, 0 };
 	size_t ws = 0;
 	enum ng_status st = plan_gelu_pair(e, s, dinp_plan, &ws);
 	for (int v = 0; v < 2 && !st; v++) { /* the fc dW: with its bias gradient when fused */
@@ -266,31 +287,49 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 		if (!st && e->plans[dw_plan[v]].mm.workspace_need > ws)
 			ws = e->plans[dw_plan[v]].mm.workspace_need;
 	}
+	if (!st && nv == 3) { /* own: the op's spec as op_spec makes it */
+		s.gelu = 1;
+		s.own = 1;
+		s.bias = 1;
+		st = plan_spec(e, s, &dinp_plan[2]);
+		dw_plan[2] = dw_plan[1];
+		if (!st && e->plans[dinp_plan[2]].mm.workspace_need > ws)
+			ws = e->plans[dinp_plan[2]].mm.workspace_need;
+	}
 	if (st)
 		return st;
 	size_t n4 = (size_t)N * 4 * C, n1 = (size_t)N * C, nw = (size_t)4 * C * C;
-	/* dfch, fch, dresid, W, ln2, dW, dbias, gelu_out, partials, workspace */
-	size_t sizes[10] = { n4 * 2, n4 * 2, n1 * 2, nw * 2, n1 * 2, nw * 4, (size_t)4 * C * 4,
-			     recompute ? n4 * 2 : 0, ng_bias_grad_scratch_bytes(N, 4 * C), ws };
-	size_t at[10];
-	size_t bytes = lay_out(sizes, 10, at);
+	/* dfch, fch, dresid, W, W^T, ln2, dW, dbias, gelu_out, partials, workspace */
+	size_t sizes[11] = { n4 * 2, n4 * 2, n1 * 2, nw * 2, nv == 3 ? nw * 2 : 0, n1 * 2, nw * 4,
+			     (size_t)4 * C * 4, recompute ? n4 * 2 : 0,
+			     ng_bias_grad_scratch_bytes(N, 4 * C), ws };
+	size_t at[11];
+	size_t bytes = lay_out(sizes, 11, at);
 	char *buf = NULL;
+	for (int v = 0; v < 3; v++)
+		e->dgelu_ms[v] = -1.0f;
 	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
 		/* no room to time it: keep the bits as given; if the step itself does not fit,
 		 * the arena check below says so in its own words */
 		(void)cudaGetLastError();
-		e->dgelu_ms[0] = e->dgelu_ms[1] = -1.0f;
 		return NG_OK;
 	}
-	struct dgelu_trial d = { { &e->plans[dinp_plan[0]].mm, &e->plans[dinp_plan[1]].mm },
-				 { &e->plans[dw_plan[0]].mm, &e->plans[dw_plan[1]].mm },
+	struct dgelu_trial d = { { &e->plans[dinp_plan[0]].mm, &e->plans[dinp_plan[1]].mm,
+				   &e->plans[dinp_plan[2]].mm },
+				 { &e->plans[dw_plan[0]].mm, &e->plans[dw_plan[1]].mm,
+				   &e->plans[dw_plan[2]].mm },
 				 buf + at[0], buf + at[1], buf + at[2], buf + at[3], buf + at[4],
-				 buf + at[5], buf + at[6], recompute ? buf + at[7] : NULL,
-				 buf + at[8], ws ? buf + at[9] : NULL, N, C };
-	st = time_on_scratch(e, buf, bytes, dgelu_run, &d, e->dgelu_ms);
+				 buf + at[5], buf + at[6], buf + at[7],
+				 recompute ? buf + at[8] : NULL, buf + at[9],
+				 ws ? buf + at[10] : NULL, N, C };
+	st = time_on_scratch(e, buf, bytes, dgelu_run, &d, nv, e->dgelu_ms);
 	if (st)
 		return st;
-	*fuse = e->dgelu_ms[0] <= e->dgelu_ms[1];
+	int best = 0;
+	for (int v = 1; v < nv; v++)
+		if (e->dgelu_ms[v] < e->dgelu_ms[best])
+			best = v;
+	*fuse = best == 0 ? NG_GELU_FUSE_BWD : best == 2 ? NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN : 0;
 	return NG_OK;
 }
 
@@ -342,7 +381,7 @@ static enum ng_status choose_gelu_fwd(struct ng_exec *e, int *fuse)
 	struct gelu_fwd_trial d = { { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm },
 				    buf + at[0], buf + at[1], buf + at[2], buf + at[3], buf + at[4],
 				    ws ? buf + at[5] : NULL, n_out };
-	st = time_on_scratch(e, buf, bytes, gelu_fwd_run, &d, e->gelu_fwd_ms);
+	st = time_on_scratch(e, buf, bytes, gelu_fwd_run, &d, 2, e->gelu_fwd_ms);
 	if (st)
 		return st;
 	*fuse = e->gelu_fwd_ms[0] <= e->gelu_fwd_ms[1];
@@ -873,13 +912,14 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		ng_bf16 *dinp = (ng_bf16 *)ng_exec_tensor_(e, g, op->out[0]) + (size_t)op->row_start * mm->spec.IC;
 		if (op->fp8)
 			return run_matmul_dinp_fp8(e, g, op, mm, dinp, scratch, s);
-		if (op->own) /* this layer's W^T of TRANSPOSE_W's */
+		if (op->own) /* this layer's W^T of TRANSPOSE_W's; the fc bias gradient */
 			return ng_matmul_run_dgelu(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
 						   (ng_bf16 *)ng_exec_tensor_(e, g, op->in[1]) +
 							   (size_t)op->layer * mm->spec.IC * mm->spec.OC,
 						   ng_exec_tensor_(e, g, op->in[2]),
-						   op->n_out > 1 ? ng_exec_tensor_(e, g, op->out[1]) : NULL,
-						   scratch, s);
+						   op->n_out > 2 ? ng_exec_tensor_(e, g, op->out[2]) : NULL,
+						   pp(e, g, op->out[1], op->param[1], op->layer),
+						   !op->overwrite, scratch, s);
 		return ng_matmul_run(mm, dinp, ng_exec_tensor_(e, g, op->in[0]),
 				     pp(e, g, op->in[1], op->param[0], op->layer), NULL,
 				     op->gelu ? ng_exec_tensor_(e, g, op->in[2]) : NULL, NULL, scratch, s);
@@ -1241,12 +1281,11 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	e->gelu_fwd_ms[0] = e->gelu_fwd_ms[1] = -1.0f;
 	if (!st && (opt.fuse_gelu & NG_GELU_FUSE_AUTO)) {
 		int fwd = (opt.fuse_gelu & NG_GELU_FUSE_FWD) != 0;
-		int bwd = (opt.fuse_gelu & NG_GELU_FUSE_BWD) != 0;
+		int bwd = opt.fuse_gelu & (NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN);
 		st = choose_gelu_fwd(e, &fwd);
 		if (!st)
 			st = choose_dgelu(e, &bwd);
-		opt.fuse_gelu = NG_GELU_FUSE_AUTO | (fwd ? NG_GELU_FUSE_FWD : 0) |
-				(bwd ? NG_GELU_FUSE_BWD : 0);
+		opt.fuse_gelu = NG_GELU_FUSE_AUTO | (fwd ? NG_GELU_FUSE_FWD : 0) | bwd;
 	}
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 		e->fp8_ms[k][0] = e->fp8_ms[k][1] = -1.0f;

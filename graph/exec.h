@@ -85,9 +85,10 @@ struct ng_exec {
 	float fp8_ms[NG_EXEC_FP8_KINDS][2]; /* --fp8 auto: per kind (forward qkv, attproj, fc,
 	                                * fcproj, head; dinp qkv, attproj, fc, fcproj) bf16 / cast +
 	                                * fp8, ms (-1: not timed) */
-	float dgelu_ms[2];             /* gelu-fusion auto: the FC backward (FC-proj dinp, GELU
-	                                * backward, fc dW) with DGELU fused / unfused (-1: not
-	                                * timed, no device memory to spare) */
+	float dgelu_ms[3];             /* gelu-fusion auto: the FC backward (FC-proj dinp, GELU
+	                                * backward, fc dW) with cuBLASLt's DGELU fused / unfused /
+	                                * our own GEMM's DGELU (-1: not timed: no device memory to
+	                                * spare, or own not offered) */
 	float gelu_fwd_ms[2];          /* gelu-fusion auto: FC forward fused / plain+kernel (-1:
 	                                * not timed) */
 	int *train_plan;               /* per train op: index into plans, or -1 */

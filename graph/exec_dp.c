@@ -59,7 +59,8 @@ enum ng_status ng_exec_dp_plan_overlap_(struct ng_exec *e)
 		e->dp_bucket[i] = -1;
 		int gb = op->kind == NG_OP_MATMUL_DW ? op->out[0]
 			 : op->kind == NG_OP_LAYERNORM_BWD ? op->out[1]
-			 : op->kind == NG_OP_GELU_BWD && op->param[0] >= 0 ? op->out[1] : -1;
+			 : op->kind == NG_OP_GELU_BWD && op->param[0] >= 0 ? op->out[1]
+			 : op->kind == NG_OP_MATMUL_DINP && op->own ? op->out[1] : -1;
 		if (gb == g->t_grads && op->layer >= 0 && op->layer < L && op->param[0] >= 0 &&
 		    g->lay.p[op->param[0]].per_layer)
 			last[op->layer] = i;

@@ -63,8 +63,10 @@
  *                     recording its maximum) and multiplied by W^T in E4M3.
  *                     own = 1 (FCPROJ, gelu = 1; --gelu-fusion own, unless --fp8 made this
  *                     dinp fp8): our own GEMM (kernels/gemm_sm90.h); in[1] is then
- *                     TRANSPOSE_W's wt (this layer's W^T at layer * IC * OC); with --recompute
- *                     gelu also out: post (N, IC) bf16 = GELU(aux), what the fcproj dW reads.
+ *                     TRANSPOSE_W's wt (this layer's W^T at layer * IC * OC); out[1] grads:
+ *                     it writes the fc bias gradient param[1] = FCB (the column sums of
+ *                     dinp; "=" when overwrite, else "+="); with --recompute gelu also out[2]:
+ *                     post (N, IC) bf16 = GELU(aux), what the fcproj dW reads.
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.

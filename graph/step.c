@@ -521,18 +521,20 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 		}
 		int dfch = lact(b, l, "dfch", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		if (own) {
-			/* our own GEMM: the input gradient with DGELU, and with --recompute gelu
-			 * the activation the fcproj weight gradient reads next, from one read of
-			 * fch */
+			/* our own GEMM: the input gradient with DGELU, the fc bias gradient (its
+			 * column sums), and with --recompute gelu the activation the fcproj weight
+			 * gradient reads next, from one read of fch */
 			op = g->recompute_gelu
 				     ? mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
-					  IN(dresid, wt, a->fch), OUT(dfch, gelu_out))
+					  IN(dresid, wt, a->fch), OUT(dfch, g->t_grads, gelu_out))
 				     : mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
-					  IN(dresid, wt, a->fch), OUT(dfch));
+					  IN(dresid, wt, a->fch), OUT(dfch, g->t_grads));
 			op.gelu = 1;
 			op.own = 1;
 			op.row_count = (int)b->N;
-			emit_p(b, op, b->ws.matmul);
+			op.param[0] = NG_P_FCPROJW;
+			op.param[1] = NG_P_FCB; /* the bias whose gradient it writes */
+			emit(b, &op, b->ws.matmul);
 			matmul_dw(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, 1);
 		} else if (fused_bwd) {
 			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dfch, a->fch);
@@ -554,7 +556,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 		}
 		int ln2 = ln_for_bwd(b, NG_OP_WHICH_LN2, l, a->resid1, a->ln2, a->mean2, a->rstd2);
 		int dln2 = lact(b, l, "dln2", NG_DTYPE_BF16, 3, B, T, C);
-		matmul_dw(b, NG_OP_WHICH_FC, l, dfch, ln2, fused_bwd);
+		matmul_dw(b, NG_OP_WHICH_FC, l, dfch, ln2, fused_bwd && !own);
 		matmul_dinp(b, NG_OP_WHICH_FC, l, dfch, dln2, -1);
 		layernorm_bwd(b, NG_OP_WHICH_LN2, l, dln2, a->resid1, a->mean2, a->rstd2, dresid);
 		/* attention: proj, SDPA, qkv */
@@ -581,12 +583,13 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 /* The first dW matmul of each (linear layer, layer index) in the step overwrites its gradient:
  * micro-batch 0, classifier chunk 0. The tied head's dW comes before the embedding backward that
  * adds into the same wte gradient. A GELU_BWD that sums the fc bias gradient is its only writer,
- * so it overwrites in micro-batch 0 too. */
+ * so it overwrites in micro-batch 0 too, as does our own GEMM's DINP, which sums it instead. */
 static void mark_first_writers(struct ng_graph *g)
 {
 	for (int i = 0; i < g->n_ops; i++) {
 		struct ng_op *op = &g->ops[i];
-		if (op->kind == NG_OP_MATMUL_DW || (op->kind == NG_OP_GELU_BWD && op->param[0] >= 0))
+		if (op->kind == NG_OP_MATMUL_DW || (op->kind == NG_OP_GELU_BWD && op->param[0] >= 0) ||
+		    (op->kind == NG_OP_MATMUL_DINP && op->own))
 			op->overwrite = op->micro <= 0 && op->chunk <= 0;
 	}
 }

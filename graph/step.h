@@ -197,13 +197,12 @@ struct ng_step_options {
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };
 
-/* AUTO: the executor times the FC forward and the FC-proj backward both ways on the device at
- * plan time and sets or clears FWD and BWD (until then, with --deterministic, and wherever
- * nothing is timed, the bits as given). OWN (always with BWD, never set by AUTO; "own" in the
- * text forms): the DGELU epilogue on our own GEMM (kernels/gemm_sm90.h), which also writes the
- * recomputed GELU with --recompute gelu, instead of cuBLASLt's. Opt-in: on the H200 it made the
- * FC backward 8% faster at d24 and the step no faster (the power cap; BENCHMARKS.md, session
- * 26), so the timed choice does not offer it. An fp8 FC-proj input gradient (--fp8) stays
+/* AUTO: the executor times the FC forward both ways, and the FC-proj backward three ways in a
+ * bf16 run on an sm_90 GPU (else two), on the device at plan time, and sets or clears FWD, BWD
+ * and OWN (until then, with --deterministic, and wherever nothing is timed, the bits as given).
+ * OWN (always with BWD; "own" in the text forms): the DGELU epilogue on our own GEMM
+ * (kernels/gemm_sm90.h), which also sums the fc bias gradient and writes the recomputed GELU
+ * with --recompute gelu, instead of cuBLASLt's. An fp8 FC-proj input gradient (--fp8) stays
  * cuBLASLt's. */
 enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUTO = 4,
 		    NG_GELU_FUSE_OWN = 8 };

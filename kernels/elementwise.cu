@@ -140,6 +140,28 @@ static __global__ void bias_grad_reduce_chunks(float *dbias, const float *part, 
 	dbias[c] = accumulate ? dbias[c] + s : s;
 }
 
+/* ng_bias_grad_reduce: blocks of 32 columns x 8 row strides; thread (x, y) sums rows y, y + 8,
+ * ... of its column, then row y = 0 adds the 8 in order (deterministic). Many rows (one a GEMM
+ * warp: ~1000 at d24) want more than bias_grad_reduce_chunks' one thread a column. */
+static __global__ void bias_grad_reduce_rows(float *dbias, const float *part, int rows, int OC,
+					     int accumulate)
+{
+	__shared__ float sh[8][32];
+	const int c = blockIdx.x * 32 + threadIdx.x;
+	float acc = 0.0f;
+	if (c < OC)
+		for (int r = threadIdx.y; r < rows; r += 8)
+			acc += part[(size_t)r * OC + c];
+	sh[threadIdx.y][threadIdx.x] = acc;
+	__syncthreads();
+	if (threadIdx.y == 0 && c < OC) {
+		float t = 0.0f;
+		for (int y = 0; y < 8; y++)
+			t += sh[y][threadIdx.x];
+		dbias[c] = accumulate ? dbias[c] + t : t;
+	}
+}
+
 #define GB_UNROLL 4 /* rows a thread loads before it computes: 8 16-byte loads in flight */
 
 /* ng_gelu_bwd_bias, pass 1: the blocks of bias_grad_row_chunks (32 x 8 threads, 256 columns x
@@ -290,6 +312,18 @@ extern "C" enum ng_status ng_bias_grad(float *dbias, const ng_bf16 *dout, int N,
 	bias_grad_reduce_chunks<<<(OC + 255) / 256, 256, 0, s>>>(dbias, (const float *)scratch,
 								 nchunks, OC, 1);
 	return NG_LAUNCH_CHECK("bias_grad_reduce_chunks");
+}
+
+extern "C" enum ng_status ng_bias_grad_reduce(float *dbias, const float *part, int rows, int OC,
+					      int accumulate, cudaStream_t s)
+{
+	if (rows < 1 || OC < 1 || !dbias || !part)
+		return ng_check_arg_fail("ng_bias_grad_reduce", "rows = %d, OC = %d, dbias %p, part "
+					 "%p: rows, OC >= 1 and both pointers set", rows, OC,
+					 (void *)dbias, (const void *)part);
+	bias_grad_reduce_rows<<<(OC + 31) / 32, dim3(32, 8), 0, s>>>(dbias, part, rows, OC,
+								     accumulate);
+	return NG_LAUNCH_CHECK("bias_grad_reduce_rows");
 }
 
 extern "C" enum ng_status ng_gelu_bwd_bias(ng_bf16 *dinp, ng_bf16 *gelu_out, float *dbias,

@@ -54,6 +54,12 @@ enum ng_status ng_bias_grad(float *dbias,        /* (OC) fp32, += */
 			    int N, int OC, void *scratch, cudaStream_t s);
 size_t ng_bias_grad_scratch_bytes(int N, int OC);
 
+/* dbias (OC) fp32 = (accumulate: dbias +) the sum of part's rows, in row order (deterministic):
+ * the reduce of per-chunk column sums that a producer wrote (ng_gemm_sm90_dgelu's part). part
+ * 16-byte aligned, (rows, OC) fp32. */
+enum ng_status ng_bias_grad_reduce(float *dbias, const float *part, int rows, int OC,
+				   int accumulate, cudaStream_t s);
+
 /* out[i] (C, R) = the transpose of in[i] (R, C) for i < count, both row-major bf16, the count
  * matrices back to back (exact: a copy). Any R, C >= 1, count 1..65535; out must not overlap
  * in. */

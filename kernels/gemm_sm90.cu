@@ -307,7 +307,8 @@ template <int WM, int BN, int EPI, int CL, int GU = 4>
 static __global__ void __launch_bounds__(GM_THREADS, 1)
 gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
 	const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
-	const __grid_constant__ CUtensorMap tpost, const __nv_bfloat16 *bias, int M, int N, int K)
+	const __grid_constant__ CUtensorMap tpost, const __nv_bfloat16 *bias, float *part, int M,
+	int N, int K)
 {
 #ifdef GM_SM90A
 	typedef gm_cfg<WM, BN, EPI, GU> C;
@@ -435,9 +436,13 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 				 * once at most GU - 1 groups still read */
 				mbar_wait_(&prebar[c], (local >> 1) & 1);
 #pragma unroll
-				for (int h = 0; h < WM / 64; h++) {
+				for (int b = 0; b < BN / 64; b++) {
+					float cs[8][2]; /* part: this thread's column sums of the unit column */
 #pragma unroll
-					for (int b = 0; b < BN / 64; b++, unit++) {
+					for (int jj = 0; jj < 8; jj++)
+						cs[jj][0] = cs[jj][1] = 0.0f;
+#pragma unroll
+					for (int h = 0; h < WM / 64; h++, unit++) {
 						unsigned char *u = pre + (h * (BN / 64) + b) * GM_UNIT;
 						unsigned char *v = units + (unit % GU) * GM_UNIT;
 						if (EPI == EPI_DGELU_POST) {
@@ -457,9 +462,13 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 								float g0, g1;
 								const float d0 = ng_gelu_grad_value_f(x.x, &g0);
 								const float d1 = ng_gelu_grad_value_f(x.y, &g1);
-								*reinterpret_cast<__nv_bfloat162 *>(u + off) =
-									__floats2bfloat162_rn(d[h][4 * j + 2 * e] * d0,
-											      d[h][4 * j + 2 * e + 1] * d1);
+								const __nv_bfloat162 dp = __floats2bfloat162_rn(
+									d[h][4 * j + 2 * e] * d0,
+									d[h][4 * j + 2 * e + 1] * d1);
+								*reinterpret_cast<__nv_bfloat162 *>(u + off) = dp;
+								const float2 dr = __bfloat1622float2(dp);
+								cs[jj][0] += dr.x; /* the stored values */
+								cs[jj][1] += dr.y;
 								if (EPI == EPI_DGELU_POST)
 									*reinterpret_cast<__nv_bfloat162 *>(v + off) =
 										__floats2bfloat162_rn(g0, g1);
@@ -473,6 +482,30 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 								tma_store_(&tpost, v, n0 + 64 * b, m0 + 64 * h);
 							bulk_commit_();
 						}
+					}
+					if (part && m0 < M) { /* (clusters: a row-half past M has no row) */
+						/* the warp's rows of each column: lanes that share lane % 4
+						 * share columns; their butterfly sum, written by lanes 0-3 as
+						 * partial row (tile row) * 4 + warp of part (fixed order, no
+						 * atomics) */
+#pragma unroll
+						for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+							for (int q = 0; q < 2; q++)
+#pragma unroll
+								for (int x = 4; x < 32; x <<= 1)
+									cs[jj][q] += __shfl_xor_sync(0xffffffffu,
+												     cs[jj][q], x);
+						const int row = (m0 / WM) * 4 + warp;
+						if (lane < 4)
+#pragma unroll
+							for (int jj = 0; jj < 8; jj++) {
+								const int col = n0 + 64 * b + 8 * jj + 2 * lane;
+								if (col < N)
+									*reinterpret_cast<float2 *>(
+										part + (size_t)row * N + col) =
+										make_float2(cs[jj][0], cs[jj][1]);
+							}
 					}
 				}
 			} else {
@@ -613,11 +646,12 @@ extern "C" int ng_gemm_sm90_available(void)
 template <int WM, int BN, int EPI, int CL, int GU = 4>
 static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, const CUtensorMap *to,
 			      const CUtensorMap *tx, const CUtensorMap *tp,
-			      const __nv_bfloat16 *bias, int M, int N, int K, int sms, cudaStream_t s)
+			      const __nv_bfloat16 *bias, float *part, int M, int N, int K, int sms,
+			      cudaStream_t s)
 {
 	typedef gm_cfg<WM, BN, EPI, GU> C;
 	void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap,
-		       const __nv_bfloat16 *, int, int, int) = gm_fwd_<WM, BN, EPI, CL, GU>;
+		       const __nv_bfloat16 *, float *, int, int, int) = gm_fwd_<WM, BN, EPI, CL, GU>;
 	enum ng_status st = ng_ensure_smem_(kernel, C::SMEM);
 	if (st)
 		return st;
@@ -646,7 +680,8 @@ static enum ng_status launch_(const CUtensorMap *ta, const CUtensorMap *tw, cons
 	}
 	const long long stiles = (long long)((M + WM * CL - 1) / (WM * CL)) * ((N + BN - 1) / BN);
 	cfg.gridDim = dim3(CL * (unsigned)(stiles < fit ? stiles : fit));
-	if (NG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, *ta, *tw, *to, *tx, *tp, bias, M, N, K)))
+	if (NG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, *ta, *tw, *to, *tx, *tp, bias, part, M, N,
+					     K)))
 		return NG_ERR_RUNTIME;
 	return NG_LAUNCH_CHECK("gm_fwd_");
 }
@@ -674,14 +709,14 @@ template <int EPI, int GU = 4>
 static enum ng_status launch_tile_(enum ng_gemm_tile tile, const CUtensorMap *ta,
 				   const CUtensorMap *tw, const CUtensorMap *to,
 				   const CUtensorMap *tx, const CUtensorMap *tp,
-				   const __nv_bfloat16 *bias, int M, int N, int K, int sms,
-				   cudaStream_t s)
+				   const __nv_bfloat16 *bias, float *part, int M, int N, int K,
+				   int sms, cudaStream_t s)
 {
 	if (tile == NG_GEMM_TILE_128x128)
-		return launch_<128, 128, EPI, 1, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+		return launch_<128, 128, EPI, 1, GU>(ta, tw, to, tx, tp, bias, part, M, N, K, sms, s);
 	if (tile == NG_GEMM_TILE_128x128_C2)
-		return launch_<128, 128, EPI, 2, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
-	return launch_<64, 256, EPI, 1, GU>(ta, tw, to, tx, tp, bias, M, N, K, sms, s);
+		return launch_<128, 128, EPI, 2, GU>(ta, tw, to, tx, tp, bias, part, M, N, K, sms, s);
+	return launch_<64, 256, EPI, 1, GU>(ta, tw, to, tx, tp, bias, part, M, N, K, sms, s);
 }
 
 /* inputs in boxes of a stage's rows x 64 (W: half of them with clusters); outputs and the
@@ -718,13 +753,20 @@ extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_
 	    (st = encode_(&to, out, M, N, 64)) || (st = encode_(&tx, gelu ? aux : out, M, N, 64)))
 		return st;
 	const __nv_bfloat16 *b = (const __nv_bfloat16 *)bias;
-	return gelu ? launch_tile_<EPI_GELU>(tile, &ta, &tw, &to, &tx, &tx, b, M, N, K, sms, s)
-		    : launch_tile_<EPI_PLAIN>(tile, &ta, &tw, &to, &tx, &tx, b, M, N, K, sms, s);
+	return gelu ? launch_tile_<EPI_GELU>(tile, &ta, &tw, &to, &tx, &tx, b, NULL, M, N, K, sms, s)
+		    : launch_tile_<EPI_PLAIN>(tile, &ta, &tw, &to, &tx, &tx, b, NULL, M, N, K, sms, s);
 }
 
-extern "C" enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre, ng_bf16 *post, const ng_bf16 *pre,
-					     const ng_bf16 *dout, const ng_bf16 *wt, int M, int N,
-					     int K, enum ng_gemm_tile tile, cudaStream_t s)
+extern "C" int ng_gemm_sm90_dgelu_parts(int M, enum ng_gemm_tile tile)
+{
+	const int wm = tile == NG_GEMM_TILE_64x256 ? 64 : 128;
+	return M < 1 ? 0 : (M + wm - 1) / wm * 4;
+}
+
+extern "C" enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre, ng_bf16 *post, float *part,
+					     const ng_bf16 *pre, const ng_bf16 *dout,
+					     const ng_bf16 *wt, int M, int N, int K,
+					     enum ng_gemm_tile tile, cudaStream_t s)
 {
 	static const char *who = "ng_gemm_sm90_dgelu";
 	int sms = 0;
@@ -736,7 +778,7 @@ extern "C" enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre, ng_bf16 *post, const
 					 (void *)dpre, (const void *)pre, (const void *)dout,
 					 (const void *)wt);
 	if (!ng_aligned16_(dpre) || !ng_aligned16_(pre) || !ng_aligned16_(dout) ||
-	    !ng_aligned16_(wt) || (post && !ng_aligned16_(post)))
+	    !ng_aligned16_(wt) || (post && !ng_aligned16_(post)) || (part && !ng_aligned16_(part)))
 		return ng_check_arg_fail(who, "pointers must be 16-byte aligned");
 	if ((st = check_device_(who, &sms)))
 		return st;
@@ -748,6 +790,8 @@ extern "C" enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre, ng_bf16 *post, const
 	/* post cycles through 2 units, which leaves the ring 4 stages: with 4 units and 3 stages
 	 * the kernel ran 8% slower at d24 (0.652 against 0.601 ms, bench_gemm --dgelu, session 26) */
 	if (!post)
-		return launch_tile_<EPI_DGELU>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
-	return launch_tile_<EPI_DGELU_POST, 2>(tile, &ta, &tw, &to, &tx, &tp, NULL, M, N, K, sms, s);
+		return launch_tile_<EPI_DGELU>(tile, &ta, &tw, &to, &tx, &tp, NULL, part, M, N, K, sms,
+					       s);
+	return launch_tile_<EPI_DGELU_POST, 2>(tile, &ta, &tw, &to, &tx, &tp, NULL, part, M, N, K,
+					       sms, s);
 }

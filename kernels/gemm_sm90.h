@@ -16,6 +16,10 @@
  *   ng_gemm_sm90_dgelu, the backward of GELU(pre) @ W2^T for W2 (K, N) (the MLP projection):
  *   dpre (M, N) bf16 = (dout (M, K) @ wt^T) * GELU'(pre)      wt = W2^T, (N, K) row-major
  *   post (M, N) bf16 = GELU(pre), when post is not NULL (--recompute gelu's activation)
+ *   part (ng_gemm_sm90_dgelu_parts(M, tile), N) fp32, when not NULL: column sums of dpre as
+ *     stored (bf16), each row over one consumer warp's rows of one tile row, written in a fixed
+ *     order; their sum over the rows (ng_bias_grad_reduce) is the bias gradient of the layer
+ *     whose output gradient dpre is (the MLP's fc), without reading dpre again
  * The product stays fp32 until it is multiplied by GELU'(pre) and rounded once (cuBLASLt's DGELU
  * epilogue does the same; the unfused pair rounds the product to bf16 first). Why: the unfused
  * pair writes the product and reads it back (2 x 4C bf16 a token), and cuBLASLt's DGELU
@@ -55,8 +59,9 @@ extern "C" {
 /* The kernel's revision: raise it whenever a change may alter its speed, so that autotune's kept
  * choices (kernels/matmul_cache.c) time our GEMM again instead of trusting an old figure.
  * 2: the GELU epilogue with folded constants (session 24).
- * 3: the barriers no longer share shared memory with the first epilogue unit (session 26). */
-#define NG_GEMM_SM90_REV 3
+ * 3: the barriers no longer share shared memory with the first epilogue unit (session 26).
+ * 4: DGELU's units in column-block order (its column sums, session 26). */
+#define NG_GEMM_SM90_REV 4
 
 enum ng_gemm_tile {
 	NG_GEMM_TILE_128x128 = 0,
@@ -79,10 +84,13 @@ enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out,        /* (M, N) bf16, = */
 
 enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre,       /* (M, N) bf16, = */
 				  ng_bf16 *post,       /* (M, N) bf16, = GELU(pre); or NULL */
+				  float *part,         /* (parts, N) fp32 column sums, or NULL */
 				  const ng_bf16 *pre,  /* (M, N) bf16, the pre-activation */
 				  const ng_bf16 *dout, /* (M, K) bf16 */
 				  const ng_bf16 *wt,   /* (N, K) bf16 */
 				  int M, int N, int K, enum ng_gemm_tile tile, cudaStream_t s);
+/* The rows of ng_gemm_sm90_dgelu's part: 4 a tile row (one a consumer warp). */
+int ng_gemm_sm90_dgelu_parts(int M, enum ng_gemm_tile tile);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm_sm90.h"
 
 #define NG_MM_MAX_CANDIDATES 8
@@ -119,9 +120,9 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 	if (sp->gelu && sp->kind == NG_MATMUL_DW)
 		return ng_check_arg_fail("ng_matmul_plan", "DW N=%d IC=%d OC=%d: gelu is for FWD/DINP",
 					 sp->N, sp->IC, sp->OC);
-	if (sp->bias && sp->kind == NG_MATMUL_DINP)
-		return ng_check_arg_fail("ng_matmul_plan", "DINP N=%d IC=%d OC=%d: bias is for FWD/DW",
-					 sp->N, sp->IC, sp->OC);
+	if (sp->bias && sp->kind == NG_MATMUL_DINP && !sp->own)
+		return ng_check_arg_fail("ng_matmul_plan", "DINP N=%d IC=%d OC=%d: bias is for FWD/DW "
+					 "(and our own GEMM's DINP)", sp->N, sp->IC, sp->OC);
 	if (sp->accumulate && (sp->kind == NG_MATMUL_DINP || sp->gelu))
 		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: accumulate is for DW, "
 					 "or FWD without gelu (a residual add)", k, sp->N, sp->IC,
@@ -630,6 +631,11 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 		mm->k = spec->OC;
 		mm->own = (int)NG_GEMM_TILE_128x128 + 1;
 		mm->n_candidates = 1;
+		if (spec->bias) /* the column sums' partial rows */
+			mm->workspace_need =
+				round_up_((size_t)ng_gemm_sm90_dgelu_parts(spec->N, NG_GEMM_TILE_128x128) *
+						  spec->IC * 4,
+					  NG_MM_SCRATCH_ALIGN);
 		return NG_OK;
 	}
 	if (spec->autotune)
@@ -729,10 +735,17 @@ static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a,
 			bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
 	}
 	if (mm->own && sp->kind == NG_MATMUL_DINP) { /* b is W^T (IC, OC) */
-		if (post && check_ptr_(mm, "post", post))
+		const enum ng_gemm_tile tile = (enum ng_gemm_tile)(mm->own - 1);
+		if ((post && check_ptr_(mm, "post", post)) ||
+		    (sp->bias && check_ptr_(mm, "dbias", dbias)))
 			return NG_ERR_INPUT;
-		return ng_gemm_sm90_dgelu(out, post, aux, a, b, sp->N, sp->IC, sp->OC,
-					  (enum ng_gemm_tile)(mm->own - 1), s);
+		float *part = sp->bias ? (float *)workspace : NULL;
+		enum ng_status st = ng_gemm_sm90_dgelu(out, post, part, aux, a, b, sp->N, sp->IC,
+						       sp->OC, tile, s);
+		if (st || !sp->bias)
+			return st;
+		return ng_bias_grad_reduce(dbias, part, ng_gemm_sm90_dgelu_parts(sp->N, tile), sp->IC,
+					   mm->beta != 0.0f, s);
 	}
 	if (mm->own) /* our own GEMM (FWD, bf16): the same outputs, no workspace */
 		return ng_gemm_sm90_fwd(out, sp->gelu ? aux : NULL, a, b, bias_ptr, sp->N, sp->OC,
@@ -795,14 +808,16 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 }
 
 enum ng_status ng_matmul_run_dgelu(const struct ng_matmul *mm, void *dinp, const void *dout,
-				   const void *wt, void *aux, void *post, void *workspace,
-				   cudaStream_t s)
+				   const void *wt, void *aux, void *post, float *dbias,
+				   int accumulate, void *workspace, cudaStream_t s)
 {
 	if (!mm->spec.own)
 		return ng_check_arg_fail("ng_matmul_run_dgelu", "%s N=%d IC=%d OC=%d: not a plan with "
 					 "spec.own", kind_name_(mm->spec.kind), mm->spec.N,
 					 mm->spec.IC, mm->spec.OC);
-	return run_(mm, dinp, dout, wt, NULL, aux, NULL, NULL, post, workspace, s);
+	struct ng_matmul run = *mm; /* "=" or "+=" for dbias, per call */
+	run.beta = accumulate ? 1.0f : 0.0f;
+	return run_(&run, dinp, dout, wt, NULL, aux, dbias, NULL, post, workspace, s);
 }
 
 /* The fp8 descales into the plan's descriptor (cuBLASLt's A is W, run's b; its B the input) */

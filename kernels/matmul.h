@@ -156,9 +156,10 @@ struct ng_matmul_spec {
 	                 * (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC multiples
 	                 * of 16; needs an FP8 GPU (sm_89 / sm_90); not DW */
 	int own;        /* DINP with gelu, bf16: run our own Hopper GEMM (kernels/gemm_sm90.h) with
-	                 * the DGELU epilogue, untimed, no cuBLASLt, no workspace: W comes as its
-	                 * transpose (IC, OC), and ng_matmul_run_dgelu can write GELU(aux) as well
-	                 * (the activation --recompute gelu needs). Needs ng_gemm_sm90_available(). */
+	                 * the DGELU epilogue, untimed, no cuBLASLt: W comes as its transpose (IC,
+	                 * OC), and ng_matmul_run_dgelu can write GELU(aux) as well (the activation
+	                 * --recompute gelu needs); with bias, also the column sums of dinp (the fc
+	                 * bias gradient). Needs ng_gemm_sm90_available(). */
 };
 
 /* Choices kept: autotune's pick for one matmul, remembered so that the next plan of the same
@@ -265,10 +266,13 @@ enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const vo
 
 /* Run a DINP plan with spec.own: dinp = (dout @ W) * GELU'(aux) as ng_matmul_run, from wt = W^T
  * (IC, OC) bf16 (ng_transpose_bf16 makes it), and post (N, IC) bf16 = GELU(aux) unless post is
- * NULL, from the same read of aux. The workspace is not used (the plan needs none). */
+ * NULL, from the same read of aux. With spec.bias also dbias (IC) fp32 = (accumulate: dbias +)
+ * the column sums of dinp as stored (bf16): the bias gradient of the layer whose output
+ * gradient dinp is, summed in the epilogue (partial rows in the workspace, then reduced in a
+ * fixed order), so dinp is not read again. The workspace: mm->workspace_need bytes. */
 enum ng_status ng_matmul_run_dgelu(const struct ng_matmul *mm, void *dinp, const void *dout,
-				   const void *wt, void *aux, void *post, void *workspace,
-				   cudaStream_t s);
+				   const void *wt, void *aux, void *post, float *dbias,
+				   int accumulate, void *workspace, cudaStream_t s);
 
 /* FLOPs of one run (2 * N * IC * OC), for benchmarks. */
 double ng_matmul_flops(const struct ng_matmul_spec *spec);

@@ -219,13 +219,16 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		static const char *what[2] = { "FC forward", "FC backward" };
 		fprintf(log, "gelu fusion: %s (epilogue against matmul + GELU kernel:",
 			ng_step_gelu_fusion_name(g->fuse_gelu));
-		for (int i = 0; i < 2; i++)
+		for (int i = 0; i < 2; i++) {
 			if (ms[i][0] < 0)
 				fprintf(log, "%s %s not timed, no device memory to spare", i ? ";" : "",
 					what[i]);
 			else
 				fprintf(log, "%s %s %.3f / %.3f ms", i ? ";" : "", what[i], ms[i][0],
 					ms[i][1]);
+			if (i == 1 && ms[i][0] >= 0 && ms[i][2] >= 0)
+				fprintf(log, ", our own GEMM's DGELU %.3f ms", ms[i][2]);
+		}
 		fprintf(log, ")\n");
 	}
 	if (c.step.fp8) {

@@ -50,7 +50,7 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		  "classifier rows per chunk (0 = all B*T rows at once; 16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &a->gelu, 0, 0, "WHAT",
 		  "GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd,own | fwd | bwd | own | "
-		  "none (own: the DGELU on our own Hopper GEMM, opt-in; auto: "
+		  "none (own: the DGELU on our own Hopper GEMM; auto: "
 		  "planned as fwd,bwd here; the GPU times bwd)", false },
 		{ "--deterministic", NG_FLAG_BOOL, &a->deterministic, 0, 0, NULL,
 		  "deterministic reductions (bigger workspaces)", false },

@@ -84,7 +84,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &o.gelu_fusion, 0, 0, "WHAT",
 		  "GPU: GELU / DGELU as matmul epilogues: auto | fwd,bwd | fwd,own | fwd | bwd | own | "
-		  "none (own: the DGELU on our own Hopper GEMM, sm_90, opt-in; auto: "
+		  "none (own: the DGELU on our own Hopper GEMM, sm_90; auto: "
 		  "each where it times faster at plan time)", false },
 		{ "--fp8", NG_FLAG_BOOL, &o.fp8, 0, 0, NULL,
 		  "GPU (sm_89+): matmuls in FP8 with per-tensor scales where they time faster: "

@@ -22,6 +22,7 @@
 
 #include "graph/cpu_ops.h"
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/types.h"
 #include "tests/kernel_testing.h"
@@ -145,6 +146,7 @@ struct dg_case {
 	int post, tile;
 	double pre_mean; /* mean of the pre-activations */
 	int determinism;
+	int bias;        /* part: dpre's column sums, reduced by ng_bias_grad_reduce */
 };
 
 static float gelu_grad_f_(float x)
@@ -189,10 +191,50 @@ static void run_dgelu_(const struct dg_case *c)
 	void *dpost = kt_upload(NULL, M * N * 2);
 	kt_cuda(cudaMemset(dd, 0xff, M * N * 2), "cudaMemset");
 	kt_cuda(cudaMemset(dpost, 0xff, M * N * 2), "cudaMemset");
-	kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dp, ddo, dwt, c->M, c->N, c->K,
+	const size_t parts = (size_t)ng_gemm_sm90_dgelu_parts(c->M, (enum ng_gemm_tile)c->tile);
+	float *dpart = c->bias ? kt_upload(NULL, parts * N * 4) : NULL;
+	float *ddb = c->bias ? kt_upload(NULL, N * 4) : NULL;
+	if (c->bias) /* NaN: a partial row the kernel fails to write cannot pass */
+		kt_cuda(cudaMemset(dpart, 0xff, parts * N * 4), "cudaMemset");
+	kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dpart, dp, ddo, dwt, c->M, c->N, c->K,
 				 (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_dgelu");
 	ng_bf16 *got = kt_xmalloc(M * N * 2), *gpost = kt_xmalloc(M * N * 2), *pre_after = kt_xmalloc(M * N * 2);
 	kt_download(got, dd, M * N * 2);
+	if (c->bias) {
+		/* the bias gradient: column sums of dpre as stored, against their fp64 sums (the
+		 * naive one: fp32 in row order); then "+=" doubles it exactly */
+		kt_ok(ng_bias_grad_reduce(ddb, dpart, (int)parts, c->N, 0, 0), "ng_bias_grad_reduce");
+		double *cref = kt_xmalloc(N * 8), *cgot = kt_xmalloc(N * 8), big = 0;
+		float *cnaive = kt_xmalloc(N * 4), *db = kt_xmalloc(N * 4), *db2 = kt_xmalloc(N * 4);
+		for (size_t n = 0; n < N; n++) {
+			double sd = 0;
+			float sf = 0;
+			for (size_t m = 0; m < M; m++) {
+				sd += kt_bf16_to_f32(got[m * N + n]);
+				sf += kt_bf16_to_f32(got[m * N + n]);
+			}
+			cref[n] = sd;
+			cnaive[n] = sf;
+			big = fmax(big, fabs(sd));
+		}
+		kt_download(db, ddb, N * 4);
+		double *nv = kt_xmalloc(N * 8);
+		for (size_t n = 0; n < N; n++) {
+			cgot[n] = db[n];
+			nv[n] = cnaive[n];
+		}
+		check_fa_("dgelu bias gradient", seed, cgot, nv, cref, N, big / 1024);
+		kt_ok(ng_bias_grad_reduce(ddb, dpart, (int)parts, c->N, 1, 0), "ng_bias_grad_reduce");
+		kt_download(db2, ddb, N * 4);
+		size_t bad = N;
+		for (size_t n = 0; n < N && bad == N; n++)
+			if (db2[n] != 2.0f * db[n])
+				bad = n;
+		cr_expect(bad == N, "bias gradient \"+=\": column %zu is %g, want %g (seed %llu)", bad,
+			  bad < N ? db2[bad] : 0.0, bad < N ? 2.0 * db[bad] : 0.0,
+			  (unsigned long long)seed);
+		free(cref); free(cgot); free(cnaive); free(db); free(db2); free(nv);
+	}
 	struct gm_case named = { c->M, c->N, c->K, 1, c->post, c->tile, c->pre_mean, 0 };
 	expect_close_("dgelu dpre", &named, seed, ref, nd, got, M * N);
 	if (c->post) {
@@ -204,14 +246,15 @@ static void run_dgelu_(const struct dg_case *c)
 		  (unsigned long long)seed);
 	if (c->determinism) {
 		ng_bf16 *again = kt_xmalloc(M * N * 2);
-		kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dp, ddo, dwt, c->M, c->N, c->K,
-					 (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_dgelu");
+		kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dpart, dp, ddo, dwt, c->M, c->N,
+					 c->K, (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_dgelu");
 		kt_download(again, dd, M * N * 2);
 		cr_expect(!memcmp(again, got, M * N * 2), "dpre differs between two runs (seed %llu)",
 			  (unsigned long long)seed);
 		free(again);
 	}
 	cudaFree(ddo); cudaFree(dwt); cudaFree(dp); cudaFree(dd); cudaFree(dpost);
+	cudaFree(dpart); cudaFree(ddb);
 	free(doh); free(wth); free(ph); free(dod); free(wtd); free(pd);
 	free(prod); free(ref); free(gref); free(nd); free(npost); free(got); free(gpost);
 	free(pre_after);
@@ -235,14 +278,15 @@ Test(gemm_sm90, gelu_d12_block_twice_64x256) { run_case_(&(struct gm_case){1024,
 
 /* DGELU: (M, N = 4C, K = C) as the MLP projection's input gradient; edges in every dimension,
  * every tile, with and without post, pre-activations centred where GELU' changes fastest. */
-/*                                                        M     N         K    post tile mean det */
-Test(gemm_sm90, dgelu_post_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 0, 0.0, 0}); }
-Test(gemm_sm90, dgelu_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 0, 0, -1.0, 0}); }
-Test(gemm_sm90, dgelu_post_edges_64x256) { run_dgelu_(&(struct dg_case){130, 4 * C776, C776, 1, 1, 0.0, 0}); }
-Test(gemm_sm90, dgelu_post_edges_128x128c2) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 2, 0.0, 0}); }
-Test(gemm_sm90, dgelu_post_one_row_128x128) { run_dgelu_(&(struct dg_case){1, 264, 200, 1, 0, 0.0, 0}); }
-Test(gemm_sm90, dgelu_post_d24_block_twice_128x128) { run_dgelu_(&(struct dg_case){1536, 4096, 1024, 1, 0, 0.0, 1}); }
-Test(gemm_sm90, dgelu_d12_block_twice_128x128) { run_dgelu_(&(struct dg_case){1024, 3072, 768, 0, 0, 0.5, 1}); }
+/*                                                        M     N         K    post tile mean det bias */
+Test(gemm_sm90, dgelu_post_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 0, 0.0, 0, 1}); }
+Test(gemm_sm90, dgelu_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 0, 0, -1.0, 0, 0}); }
+Test(gemm_sm90, dgelu_bias_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 0, 0, 0.5, 0, 1}); }
+Test(gemm_sm90, dgelu_post_edges_64x256) { run_dgelu_(&(struct dg_case){130, 4 * C776, C776, 1, 1, 0.0, 0, 1}); }
+Test(gemm_sm90, dgelu_post_edges_128x128c2) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 2, 0.0, 0, 1}); }
+Test(gemm_sm90, dgelu_post_one_row_128x128) { run_dgelu_(&(struct dg_case){1, 264, 200, 1, 0, 0.0, 0, 1}); }
+Test(gemm_sm90, dgelu_post_d24_block_twice_128x128) { run_dgelu_(&(struct dg_case){1536, 4096, 1024, 1, 0, 0.0, 1, 1}); }
+Test(gemm_sm90, dgelu_d12_block_twice_128x128) { run_dgelu_(&(struct dg_case){1024, 3072, 768, 0, 0, 0.5, 1, 0}); }
 
 /* Bad arguments fail with an input error and a message, before touching the GPU. */
 Test(gemm_sm90, bad_inputs_fail_cleanly)
@@ -264,13 +308,13 @@ Test(gemm_sm90, bad_inputs_fail_cleanly)
 	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 64, 1, (enum ng_gemm_tile)7, 0),
 		     NG_ERR_INPUT);
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_dgelu(p, p, p, p, p, 64, 100, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, p, NULL, p, p, p, 64, 100, 64, 0, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "multiples of 8"), "%s", ng_error_message());
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_dgelu(p, NULL, NULL, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, NULL, NULL, NULL, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "NULL"), "%s", ng_error_message());
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_dgelu(p, odd, p, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, odd, NULL, p, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
 	ng_clear_error();
 }

@@ -235,7 +235,7 @@ static enum ng_status run_(const struct mm_case *c, const struct ng_matmul *mm, 
 		kt_cuda(cudaMalloc(&wt, bytes), "cudaMalloc");
 		enum ng_status st = ng_transpose_bf16(wt, b, mm->spec.OC, mm->spec.IC, 1, 0);
 		if (!st)
-			st = ng_matmul_run_dgelu(mm, out, a, wt, aux, NULL, ws, 0);
+			st = ng_matmul_run_dgelu(mm, out, a, wt, aux, NULL, NULL, 0, ws, 0);
 		kt_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 		cudaFree(wt);
 		return st;

@@ -122,13 +122,16 @@ static void check_gradient_writes(const struct ng_graph *g, const char *what)
 	bool *ready = calloc((size_t)NG_P_COUNT * (size_t)L, sizeof(bool));
 	for (int k = 0; k < g->n_ops; k++) {
 		const struct ng_op *op = &g->ops[k];
-		bool sums = op->kind == NG_OP_GELU_BWD && op->param[0] >= 0; /* the fc bias */
+		/* the fc bias: GELU_BWD's param[0], or our own GEMM's DINP's param[1] (its param[0]
+		 * is the W it reads) */
+		bool own = op->kind == NG_OP_MATMUL_DINP && op->own;
+		bool sums = (op->kind == NG_OP_GELU_BWD && op->param[0] >= 0) || own;
 		bool writes = op->kind == NG_OP_ZERO ? op->param[0] >= 0
 			      : op->kind == NG_OP_MATMUL_DW || op->kind == NG_OP_LAYERNORM_BWD ||
 					op->kind == NG_OP_ENCODER_BWD || sums;
 		if (!writes)
 			continue;
-		for (int j = 0; j < 2; j++) {
+		for (int j = own ? 1 : 0; j < 2; j++) {
 			int p = op->param[j];
 			if (p < 0)
 				continue;
@@ -238,7 +241,7 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 				cr_assert_gt(op->scratch, -1);
 			}
 			if (op->kind == NG_OP_MATMUL_DW && op->which == NG_OP_WHICH_FC)
-				cr_assert_eq(op->param[1], fused_bwd ? NG_P_FCB : -1);
+				cr_assert_eq(op->param[1], fused_bwd && !own ? NG_P_FCB : -1);
 			/* own: the fcproj dinp on our GEMM (bf16), writing the recomputed
 			 * activation that the fcproj dW right after it reads */
 			if (op->kind == NG_OP_MATMUL_DINP) {
@@ -255,12 +258,16 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 						  (unsigned long long)seed_, what, op->name,
 						  g.tensors[op->in[1]].name);
 					cr_assert_eq(g.tensors[op->in[1]].shape[0], (size_t)L);
-					cr_assert_eq(op->n_out, o.recompute_gelu ? 2 : 1);
+					/* dfch, the fc bias gradient (first writer: "="), post */
+					cr_assert_eq(op->n_out, o.recompute_gelu ? 3 : 2);
+					cr_assert_eq(op->out[1], g.t_grads);
+					cr_assert_eq(op->param[1], NG_P_FCB);
+					cr_assert_eq(op->overwrite, op->micro == 0);
 					const struct ng_op *dw = &g.ops[k + 1];
 					cr_assert(dw->kind == NG_OP_MATMUL_DW &&
 						  dw->which == NG_OP_WHICH_FCPROJ && dw->layer == op->layer);
 					if (o.recompute_gelu)
-						cr_assert_eq(dw->in[1], op->out[1]);
+						cr_assert_eq(dw->in[1], op->out[2]);
 				}
 			}
 		}

@@ -13,8 +13,9 @@
  * Usage: bench_gemm [--fc | --dgelu] [d12|d24|d48 ...]   (all three by default; --fc: the fc
  * matmul only; --dgelu: the FC-proj input gradient with the GELU backward, each way the step
  * can run it: cuBLASLt's plain matmul and ng_gelu_bwd_bias, our own GEMM's DGELU with and without
- * the recomputed GELU, the W^T transpose it needs, and our own forward GELU GEMM of the same
- * shape for comparison)
+ * the recomputed GELU (and the fc bias gradient from its column sums), the W^T transpose it
+ * needs, and our own forward GELU GEMM of the same shape for comparison; with the energy a
+ * launch where NVML's counter can be read)
  */
 #include <math.h>
 #include <stdint.h>
@@ -210,14 +211,14 @@ struct dg_arg {
 
 enum { DG_PAIR, DG_DINP, DG_GELU_BWD, DG_TRANSPOSE, DG_OWN_POST, DG_OWN, DG_OWN_POST_T,
        DG_OWN_POST_64x256, DG_OWN_POST_C2, DG_OWN_FWD_GELU, DG_OWN_POST_X, DG_DINP_X,
-       DG_OWN_POST_M, DG_WAYS };
+       DG_OWN_POST_M, DG_OWN_POST_BIAS, DG_WAYS };
 static const char *dg_name[DG_WAYS] = {
 	"cuBLASLt dinp + gelu_bwd_bias (recompute)", "  cuBLASLt dinp alone",
 	"  gelu_bwd_bias + recompute alone", "W^T transpose alone", "own DGELU + post",
 	"own DGELU (no post)", "own DGELU + post + W^T transpose", "own DGELU + post, 64x256",
 	"own DGELU + post, 128x128 clusters of 2", "own forward GELU, same shape",
 	"own DGELU + post after a transpose elsewhere", "cuBLASLt dinp after a transpose elsewhere",
-	"own DGELU + post after a 1 MiB memset" };
+	"own DGELU + post after a 1 MiB memset", "own DGELU + post + bias gradient (reduced)" };
 
 static int dg_launch_(const void *arg)
 {
@@ -243,20 +244,26 @@ static int dg_launch_(const void *arg)
 			st = ng_matmul_run(d->mm, d->dpre, d->dout, d->w, NULL, NULL, NULL,
 					   (char *)d->ws + ((size_t)24 << 20), 0);
 		else if (!st)
-			st = ng_gemm_sm90_dgelu(d->dpre, d->post, d->pre, d->dout, d->wt, d->M, d->N,
-						d->K, NG_GEMM_TILE_128x128, 0);
+			st = ng_gemm_sm90_dgelu(d->dpre, d->post, NULL, d->pre, d->dout, d->wt, d->M,
+						d->N, d->K, NG_GEMM_TILE_128x128, 0);
 		break;
 	case DG_OWN_POST_T:
 		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 1, 0);
 		/* fall through */
 	case DG_OWN_POST: case DG_OWN: case DG_OWN_POST_64x256: case DG_OWN_POST_C2:
+	case DG_OWN_POST_BIAS:
 		if (!st)
-			st = ng_gemm_sm90_dgelu(d->dpre, d->way == DG_OWN ? NULL : d->post, d->pre,
+			st = ng_gemm_sm90_dgelu(d->dpre, d->way == DG_OWN ? NULL : d->post,
+						d->way == DG_OWN_POST_BIAS ? d->part : NULL, d->pre,
 						d->dout, d->wt, d->M, d->N, d->K,
 						d->way == DG_OWN_POST_64x256 ? NG_GEMM_TILE_64x256
 						: d->way == DG_OWN_POST_C2 ? NG_GEMM_TILE_128x128_C2
 									     : NG_GEMM_TILE_128x128,
 						0);
+		if (!st && d->way == DG_OWN_POST_BIAS)
+			st = ng_bias_grad_reduce(d->dbias, d->part,
+						 ng_gemm_sm90_dgelu_parts(d->M, NG_GEMM_TILE_128x128),
+						 d->N, 0, 0);
 		break;
 	default: /* the forward: (M, N) = (M, K) @ (N, K)^T with GELU */
 		st = ng_gemm_sm90_fwd(d->post, d->dpre, d->dout, d->wt, NULL, d->M, d->N, d->K, 1,
@@ -279,7 +286,9 @@ static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul
 		 NG_CUDA_CHECK(cudaMalloc(&d.pre, big * 2)) || NG_CUDA_CHECK(cudaMalloc(&d.dpre, big * 2)) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.post, big * 2)) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.dbias, (size_t)N * 4)) ||
-		 NG_CUDA_CHECK(cudaMalloc(&d.part, ng_bias_grad_scratch_bytes(M, N))) ||
+		 NG_CUDA_CHECK(cudaMalloc(&d.part, (size_t)N * 4 *
+				 (size_t)ng_gemm_sm90_dgelu_parts(M, NG_GEMM_TILE_128x128) +
+				 ng_bias_grad_scratch_bytes(M, N))) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.ws, ctx->workspace_bytes + ((size_t)48 << 20)));
 	rc = rc || fill_(d.dout, (size_t)M * K, 1.0, &r) ||
 	     fill_(d.w, (size_t)N * K, 1.0 / sqrt(K), &r) || fill_(d.pre, big, 1.5, &r) ||
