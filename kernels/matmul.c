@@ -32,14 +32,6 @@
 static const enum ng_gemm_tile own_tiles_[] = { NG_GEMM_TILE_128x128 };
 #define NG_MM_MAX_OWN ((int)(sizeof(own_tiles_) / sizeof(own_tiles_[0])))
 #define NG_MM_SCRATCH_ALIGN 256
-/* The GELU forward (bf16 FWD with the GELU epilogue): our own GEMM is taken when its sustained
- * time is within this factor of cuBLASLt's best. At the power cap the 100 ms window ranks it ~1%
- * behind at d24's fc, held 2 s it is 3% ahead, and forced in the step it made d24 0.3-0.46%
- * faster in six interleaved pairs (BENCHMARKS.md, sessions 26 and 27): it spends less energy a
- * launch, which the short window does not see. NG_MM_OWN_GELU_RULE goes into the choice key,
- * so choices kept under another rule are timed again. */
-#define NG_MM_OWN_GELU_TIE 1.02f
-#define NG_MM_OWN_GELU_RULE 1
 _Static_assert(NG_MM_MAX_CANDIDATES + NG_MM_MAX_OWN <=
 		       (int)(sizeof(((struct ng_matmul *)0)->tuned_ms) / sizeof(float)),
 	       "ng_matmul.tuned_ms holds a time for every candidate");
@@ -518,11 +510,6 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 			mm->chosen = i;
 		}
 	}
-	if (sp->gelu && sp->kind == NG_MATMUL_FWD && best > 0.0f && mm->chosen < got)
-		for (int i = got; i < total; i++)
-			if (est[i] > 0.0f && est[i] <= NG_MM_OWN_GELU_TIE * best &&
-			    (mm->chosen < got || est[i] < est[mm->chosen]))
-				mm->chosen = i;
 	if (best < 0.0f) {
 		st = ng_fail(NG_ERR_RUNTIME, "ng_matmul_plan: none of %d candidates ran for %s N=%d "
 			     "IC=%d OC=%d", got, kind_name_(sp->kind), sp->N, sp->IC, sp->OC);
@@ -582,11 +569,8 @@ static struct ng_matmul_choice choice_key_(const struct ng_matmul *mm,
 	}
 	for (int i = 0; i < n_own; i++) /* our kernel's tiles, so other tiles are timed again */
 		h = (h ^ (unsigned char)(0xA0 + own_tiles_[i])) * 1099511628211ull;
-	if (n_own) { /* and its revision and the rule that picks it, so either change times
-		      * again */
+	if (n_own) /* and its revision, so a changed kernel is timed again */
 		h = (h ^ (unsigned char)NG_GEMM_SM90_REV) * 1099511628211ull;
-		h = (h ^ (unsigned char)(0x40 + NG_MM_OWN_GELU_RULE)) * 1099511628211ull;
-	}
 	c.candidates_hash = h;
 	return c;
 }

@@ -62,14 +62,13 @@
  *
  * Our own GEMM: for a bf16 FWD with autotune on an sm_90 GPU, the candidates also include
  * kernels/gemm_sm90.h's kernel (128 x 128 tiles, TMA and wgmma, the bias and GELU epilogue
- * through shared memory), timed the same way; it runs where it is the fastest, and at the
- * GELU forward also where it is within 2% of cuBLASLt's best (NG_MM_OWN_GELU_TIE in matmul.c:
- * forced there, it made the d24 step 0.3-0.46% faster in six interleaved pairs, sessions 26-27,
- * though the 100 ms window ranks it ~1% behind). At the plain forward shapes of d12/d24 it is
- * 4-12% slower than cuBLASLt (tools/bench_gemm, sessions 22-25; held for 2 s at the power cap
- * it needs as few cycles as cuBLASLt or fewer, but runs 100-150 MHz slower: BENCHMARKS.md,
- * session 25); there it only costs autotune time: one more candidate per bf16 forward shape
- * (~0.1 s each, from the 100 ms sustained pass; not measured). It computes
+ * through shared memory), timed the same way; it runs only where it is the fastest. On the
+ * H200 it is not yet: 4-12% slower than cuBLASLt at the plain forward shapes of d12/d24, and
+ * 1% slower to 3% faster at the GELU one (tools/bench_gemm, sessions 22-25; held for 2 s at
+ * the power cap it needs as few cycles as cuBLASLt or fewer, but runs 100-150 MHz slower:
+ * BENCHMARKS.md, session 25), so no plan took it in the step and today it only costs autotune
+ * time: one more candidate per bf16 forward shape (~0.1 s each, from the 100 ms sustained pass;
+ * not measured). It computes
  * the same outputs (GELU in the same tanh form, the bias added to the fp32 sum, one bf16
  * rounding). Written because cuBLASLt's GELU_AUX_BIAS epilogue runs at ~500 TFLOP/s against
  * ~650 for the plain matmul (BENCHMARKS.md, sessions 21-22).
