@@ -325,15 +325,20 @@ static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 	st = time_on_scratch(e, buf, bytes, dgelu_run, &d, nv, e->dgelu_ms);
 	if (st)
 		return st;
+	*fuse = ng_exec_pick_dgelu(e->dgelu_ms, nv);
+	return NG_OK;
+}
+
+int ng_exec_pick_dgelu(const float *ms, int nv)
+{
 	/* ours needs W^T (more memory at d48) and wins the step only by a clear margin: at d24 its
 	 * trial was 9% ahead and the step +0.3-0.5%; at d48 1% ahead and the step none
 	 * (BENCHMARKS.md, session 27) */
 	const float OWN_MARGIN = 0.97f;
-	int best = e->dgelu_ms[1] < e->dgelu_ms[0];
-	if (nv == 3 && e->dgelu_ms[2] < OWN_MARGIN * e->dgelu_ms[best])
+	int best = ms[1] < ms[0];
+	if (nv == 3 && ms[2] > 0.0f && ms[2] < OWN_MARGIN * ms[best])
 		best = 2;
-	*fuse = best == 0 ? NG_GELU_FUSE_BWD : best == 2 ? NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN : 0;
-	return NG_OK;
+	return best == 0 ? NG_GELU_FUSE_BWD : best == 2 ? NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN : 0;
 }
 
 /* choose_gelu_fwd's scratch and plans: variant 0 the FC matmul with the GELU epilogue (the

@@ -128,6 +128,11 @@ struct ng_exec {
 	bool inited;
 };
 
+/* --gelu-fusion auto's FC-backward choice from the trial's times (ms a pass; nv = 2: cuBLASLt's
+ * DGELU epilogue, the unfused pair; nv = 3: also our own GEMM's DGELU): NG_GELU_FUSE_BWD,
+ * NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN (ours only when >= 3% ahead of the better other), or 0. */
+int ng_exec_pick_dgelu(const float *ms, int nv);
+
 /* Plan, allocate, initialise and capture. NG_ERR_INPUT when the plan does not fit the GPU (with
  * the numbers and a hint), NG_ERR_RUNTIME for CUDA/library failures. */
 enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "graph/exec.h"
 #include "graph/step.h"
 #include "util/rng.h"
 
@@ -679,4 +680,26 @@ Test(step, gelu_fusion_names)
 	cr_assert_eq(ng_step_parse_gelu_fusion("fused", &m), NG_ERR_INPUT);
 	cr_assert_eq(m, 5);
 	cr_assert(strstr(ng_error_message(), "--gelu-fusion 'fused'"), "%s", ng_error_message());
+}
+
+/* --gelu-fusion auto's FC-backward pick from the trial's times: the faster cuBLASLt form, and
+ * ours only when it is at least 3% ahead of that (session 27's d24 and d48 trials among them) */
+Test(step, gelu_backward_pick)
+{
+	const int B = NG_GELU_FUSE_BWD, O = NG_GELU_FUSE_OWN;
+	const float ms[][3] = {
+		{ 1.0f, 1.1f, 0.0f },      /* two-way: the epilogue faster */
+		{ 1.2f, 0.9f, 0.0f },      /* two-way: the unfused pair faster */
+		{ 1.206f, 0.926f, 0.844f }, /* d24: ours 9% ahead */
+		{ 1.029f, 0.989f, 0.974f }, /* d48: ours 1.5% ahead */
+		{ 0.961f, 1.007f, 1.019f }, /* d12: cuBLASLt's epilogue */
+		{ 1.0f, 2.0f, 0.969f },    /* just past the margin */
+		{ 1.0f, 2.0f, 0.971f },    /* just short of it */
+		{ 1.0f, 2.0f, -1.0f },     /* ours did not time: not taken */
+	};
+	const int nv[] = { 2, 2, 3, 3, 3, 3, 3, 3 };
+	const int want[] = { B, 0, B | O, 0, B, B | O, B, B };
+	for (int i = 0; i < 8; i++)
+		cr_expect_eq(ng_exec_pick_dgelu(ms[i], nv[i]), want[i], "case %d: %d", i,
+			     ng_exec_pick_dgelu(ms[i], nv[i]));
 }
