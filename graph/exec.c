@@ -272,7 +272,8 @@ static enum ng_status dgelu_run(struct ng_exec *e, void *arg, int v)
 static enum ng_status choose_dgelu(struct ng_exec *e, int *fuse)
 {
 	const struct ng_gpt_config *m = &e->cfg.model;
-	const int N = e->cfg.B * e->cfg.T, C = m->C, recompute = e->train.recompute_gelu;
+	const int N = e->cfg.B * e->cfg.T, C = m->C;
+	const int recompute = e->train.recompute_gelu && e->train.keep_gelu < m->L;
 	const int nv = !e->train.fp8 && ng_gemm_sm90_available() ? 3 : 2;
 	struct ng_matmul_spec s = { .kind = NG_MATMUL_DINP, .N = N, .IC = 4 * C, .OC = C,
 				    .autotune = e->cfg.autotune };
@@ -1243,6 +1244,21 @@ static void save_tune_cache(struct ng_exec *e)
 	}
 }
 
+/* --recompute auto's budget for the training step's arena: --gpu-mem less what the device has
+ * in use now (the context, the libraries' handles and workspaces), or what is free now; either
+ * less NG_FIT_MARGIN for what is allocated after the arena (the graph's instantiation, cuDNN's
+ * plans). */
+#define NG_FIT_MARGIN ((size_t)256 << 20)
+static size_t fit_budget(const struct ng_exec *e)
+{
+	size_t free_b = 0, total_b = 0;
+	cudaMemGetInfo(&free_b, &total_b);
+	size_t used = total_b - free_b, room = free_b;
+	if (e->cfg.gpu_mem)
+		room = e->cfg.gpu_mem > used ? e->cfg.gpu_mem - used : 0;
+	return room > NG_FIT_MARGIN ? room - NG_FIT_MARGIN : 0;
+}
+
 enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 {
 	memset(e, 0, sizeof(*e));
@@ -1285,6 +1301,11 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	/* built first, so that a bad shape gets the builder's message before anything is timed */
 	if (!st)
 		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
+	size_t budget = 0;
+	if (!st && opt.recompute_auto) {
+		budget = fit_budget(e);
+		st = ng_step_fit_memory(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt, budget);
+	}
 	struct ng_step_options built = opt;
 	e->gelu_fwd_ms[0] = e->gelu_fwd_ms[1] = -1.0f;
 	if (!st && (opt.fuse_gelu & NG_GELU_FUSE_AUTO)) {
@@ -1315,6 +1336,10 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	if (!st && (opt.fuse_gelu != built.fuse_gelu || opt.fp8 != built.fp8)) {
 		ng_graph_free(&e->train);
 		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
+		/* the chosen forms may need other bytes (our DGELU's W^T): fit again with them */
+		if (!st && opt.recompute_auto && e->train.total_bytes > budget)
+			st = ng_step_fit_memory(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt,
+						budget);
 	}
 	if (!st && cfg->eval_batches > 0)
 		st = ng_step_build_eval(&e->eval, &cfg->model, cfg->B, cfg->T, cfg->eval_batches,
@@ -1360,9 +1385,10 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 		ng_fail(NG_ERR_INPUT, "the step needs %.2f GiB of device memory but %s has %.2f GiB "
 			"free (of %.2f GiB)", e->arena_bytes / 1073741824.0, e->device_name,
 			free_b / 1073741824.0, total_b / 1073741824.0);
-		ng_hint("use a smaller --batch with --total-batch to keep the tokens per step, or "
-			"--recompute gelu,layernorm (with --fp8 also fp8) and a smaller --head-chunk: "
-			"`nanograph plan` shows what each saves");
+		ng_hint("--recompute auto recomputes as little as fits; or use a smaller --batch "
+			"with --total-batch to keep the tokens per step, or --recompute "
+			"gelu,layernorm (with --fp8 also fp8) and a smaller --head-chunk: `nanograph "
+			"plan` shows what each saves");
 		return NG_ERR_INPUT;
 	}
 	if (NG_CUDA_CHECK(cudaMalloc((void **)&e->arena, e->arena_bytes)))

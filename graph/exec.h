@@ -61,6 +61,9 @@ struct ng_exec_config {
 	int zero1;                     /* ZeRO-1: AdamW moments sharded across ranks (needs comm) */
 	int dp_no_overlap;             /* all-reduce the whole gradient at GRAD_NORM, not per layer */
 	int profile;                   /* time every op of one eager step at init (op_ms) */
+	size_t gpu_mem;                /* with step.recompute_auto: the device memory in use the run
+	                                * may reach (what is in use when the step is planned, plus
+	                                * the arena); 0: what is free then, less a margin */
 };
 
 struct ng_exec_matmul {

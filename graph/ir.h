@@ -236,6 +236,8 @@ struct ng_graph {
 	int recompute_gelu;        /* options the graph was built with */
 	int recompute_layernorm;
 	int recompute_fp8;         /* fp8 matmuls cast their weights themselves (graph/step.h) */
+	int keep_gelu;             /* with recompute_gelu: the last keep_gelu layers keep theirs */
+	int keep_layernorm;        /* the same for recompute_layernorm */
 	int fuse_gelu;
 	int deterministic;
 	int fp8;                   /* train graphs: NG_FP8_* bits (graph/step.h) of the matmuls

@@ -9,6 +9,7 @@
  */
 #include "graph/step.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,13 +59,18 @@ enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask)
 enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step_options *opt)
 {
 	opt->recompute_gelu = opt->recompute_layernorm = opt->recompute_fp8 = 0;
+	opt->keep_gelu = opt->keep_layernorm = opt->recompute_auto = 0;
 	if (strcmp(what, "none") == 0)
 		return NG_OK;
+	if (strcmp(what, "auto") == 0) {
+		opt->recompute_auto = 1;
+		return NG_OK;
+	}
 	char buf[64];
 	if (!*what || strlen(what) >= sizeof(buf)) {
 		ng_fail(NG_ERR_INPUT, "--recompute '%.20s%s' is %s", what, *what ? "..." : "",
 			*what ? "too long" : "empty");
-		ng_hint("a comma list of gelu, layernorm and fp8, or none");
+		ng_hint("a comma list of gelu, layernorm and fp8, or none, or auto");
 		return NG_ERR_INPUT;
 	}
 	strcpy(buf, what);
@@ -78,7 +84,7 @@ enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step
 		} else {
 			ng_fail(NG_ERR_INPUT, "--recompute: unknown item '%s'", w);
 			ng_hint("a comma list of gelu, layernorm and fp8 (the E4M3 weight copies of "
-				"--fp8), or none");
+				"--fp8), or none, or auto (the least that fits the memory)");
 			return NG_ERR_INPUT;
 		}
 	}
@@ -417,12 +423,19 @@ static void build_classifier(struct bld *b, const struct fwd_out *f, int dlnf, i
 	emit(b, &op, 0);
 }
 
+/* Whether layer l recomputes (GELU or LayerNorm outputs): the option is on and l is not one of
+ * the last `keep` layers. */
+static int recomputes(int on, int keep, int L, int l)
+{
+	return on && l < L - keep;
+}
+
 /* LayerNorm output for a backward use: the stored one, or a recompute from the statistics. */
 static int ln_for_bwd(struct bld *b, enum ng_op_which w, int l, int x, int stored, int mean,
 		      int rstd)
 {
 	struct ng_graph *g = b->g;
-	if (!g->recompute_layernorm)
+	if (!recomputes(g->recompute_layernorm, g->keep_layernorm, g->cfg.L, l))
 		return stored;
 	int ln = lact(b, l, w == NG_OP_WHICH_LN1 ? "ln1.re" : "ln2.re", NG_DTYPE_BF16, 3, b->B,
 		      b->T, b->C);
@@ -510,7 +523,8 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 		/* MLP: fcproj, GELU, fc */
 		const int fused_bwd = own || (g->fuse_gelu & NG_GELU_FUSE_BWD) != 0;
 		int gelu_out = a->fch_gelu;
-		if (g->recompute_gelu) {
+		const int re = recomputes(g->recompute_gelu, g->keep_gelu, g->cfg.L, l);
+		if (re) {
 			gelu_out = lact(b, l, "fch_gelu.re", NG_DTYPE_BF16, 3, B, T, 4 * C);
 			if (fused_bwd && !own) { /* (unfused and own: the backward writes it) */
 				op = mk(NG_OP_GELU_FWD, NG_OP_WHICH_NONE, l, IN(a->fch),
@@ -524,7 +538,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 			/* our own GEMM: the input gradient with DGELU, the fc bias gradient (its
 			 * column sums), and with --recompute gelu the activation the fcproj weight
 			 * gradient reads next, from one read of fch */
-			op = g->recompute_gelu
+			op = re
 				     ? mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
 					  IN(dresid, wt, a->fch), OUT(dfch, g->t_grads, gelu_out))
 				     : mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_FCPROJ, l,
@@ -544,7 +558,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
 			 * --recompute gelu writes the activation that the fcproj weight gradient
 			 * reads next: one pass over fch */
 			matmul_dinp(b, NG_OP_WHICH_FCPROJ, l, dresid, dfch, -1);
-			op = g->recompute_gelu
+			op = re
 				     ? mk(NG_OP_GELU_BWD, NG_OP_WHICH_NONE, l, IN(a->fch, dfch),
 					  OUT(dfch, g->t_grads, gelu_out))
 				     : mk(NG_OP_GELU_BWD, NG_OP_WHICH_NONE, l, IN(a->fch, dfch),
@@ -658,6 +672,8 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 				     ? N : opt.head_chunk_rows;
 	g->recompute_gelu = opt.recompute_gelu;
 	g->recompute_layernorm = opt.recompute_layernorm;
+	g->keep_gelu = opt.recompute_gelu && opt.keep_gelu > 0 ? opt.keep_gelu : 0;
+	g->keep_layernorm = opt.recompute_layernorm && opt.keep_layernorm > 0 ? opt.keep_layernorm : 0;
 	g->recompute_fp8 = opt.recompute_fp8 && (opt.fp8 & NG_FP8_EVERY);
 	g->fuse_gelu = opt.fuse_gelu;
 	g->deterministic = opt.deterministic;
@@ -807,6 +823,101 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 	emit(&b, &op, 0);
 	mark_first_writers(g);
 	return finish(g, &f);
+}
+
+/* --recompute auto: one rung's build; *bytes its total, SIZE_MAX when it failed. */
+static enum ng_status fit_try(struct ng_graph *g, const struct ng_gpt_config *cfg, int B, int T,
+			      int K, const struct ng_step_options *o, size_t *bytes)
+{
+	ng_graph_free(g);
+	enum ng_status st = ng_step_build_train(g, cfg, B, T, K, o);
+	*bytes = st ? SIZE_MAX : g->total_bytes;
+	return st;
+}
+
+/* The fewest of L layers to recompute (keep = L - n) so that the step fits, given that all L
+ * do; *keep gets it, g holds its build. The bytes fall with every layer recomputed. */
+static enum ng_status fit_layers(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				 int T, int K, struct ng_step_options *o, int *keep, size_t budget)
+{
+	int lo = 0, hi = cfg->L; /* lo layers do not fit, hi do */
+	size_t bytes;
+	enum ng_status st = NG_OK;
+	while (hi - lo > 1 && !st) {
+		int mid = lo + (hi - lo) / 2;
+		*keep = cfg->L - mid;
+		st = fit_try(g, cfg, B, T, K, o, &bytes);
+		if (bytes <= budget)
+			hi = mid;
+		else
+			lo = mid;
+	}
+	*keep = cfg->L - hi;
+	return st ? st : fit_try(g, cfg, B, T, K, o, &bytes);
+}
+
+enum ng_status ng_step_fit_memory(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				  int T, int K, struct ng_step_options *opt, size_t budget)
+{
+	struct ng_step_options o = *opt;
+	o.recompute_gelu = o.recompute_layernorm = o.recompute_fp8 = 0;
+	o.keep_gelu = o.keep_layernorm = 0;
+	size_t bytes;
+	enum ng_status st = fit_try(g, cfg, B, T, K, &o, &bytes);
+	if (!st && bytes > budget) { /* GELU outputs, in all layers first: does it reach? */
+		o.recompute_gelu = 1;
+		st = fit_try(g, cfg, B, T, K, &o, &bytes);
+		if (!st && bytes <= budget)
+			st = fit_layers(g, cfg, B, T, K, &o, &o.keep_gelu, budget);
+		else if (!st) { /* LayerNorm outputs too */
+			o.recompute_layernorm = 1;
+			st = fit_try(g, cfg, B, T, K, &o, &bytes);
+			if (!st && bytes <= budget)
+				st = fit_layers(g, cfg, B, T, K, &o, &o.keep_layernorm, budget);
+			else if (!st && (o.fp8 & NG_FP8_EVERY)) { /* the E4M3 weight copies */
+				o.recompute_fp8 = 1;
+				st = fit_try(g, cfg, B, T, K, &o, &bytes);
+			}
+		}
+	}
+	if (st)
+		return st;
+	if (g->total_bytes > budget) {
+		ng_fail(NG_ERR_INPUT, "--recompute auto: the step needs %.2f GiB with every recompute "
+			"but has %.2f GiB", g->total_bytes / 1073741824.0, budget / 1073741824.0);
+		ng_hint("a smaller --head-chunk, or a smaller --batch with --total-batch to keep the "
+			"tokens per step: `nanograph plan` shows what each saves");
+		return NG_ERR_INPUT;
+	}
+	*opt = o;
+	return NG_OK;
+}
+
+/* "what" or "what (n of L layers)" after a comma when buf holds something already. */
+static size_t name_item(char *buf, size_t k, size_t n, const char *what, int layers, int L)
+{
+	if (!layers || k >= n)
+		return k;
+	int w = layers < L ? snprintf(buf + k, n - k, "%s%s (%d of %d layers)", k ? "," : "", what,
+				      layers, L)
+			   : snprintf(buf + k, n - k, "%s%s", k ? "," : "", what);
+	return w > 0 ? k + (size_t)w : k;
+}
+
+const char *ng_step_recompute_name(const struct ng_graph *g, char *buf, size_t n)
+{
+	const int L = g->cfg.L;
+	size_t k = 0;
+	buf[0] = 0;
+	k = name_item(buf, k, n, "gelu", g->recompute_gelu ? L - (g->keep_gelu < L ? g->keep_gelu : L)
+							    : 0, L);
+	k = name_item(buf, k, n, "layernorm",
+		      g->recompute_layernorm ? L - (g->keep_layernorm < L ? g->keep_layernorm : L) : 0,
+		      L);
+	k = name_item(buf, k, n, "fp8", g->recompute_fp8 ? L : 0, L);
+	if (!k)
+		snprintf(buf, n, "none");
+	return buf;
 }
 
 enum ng_status ng_step_build_eval(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,

@@ -186,6 +186,11 @@ struct ng_step_options {
 	int recompute_layernorm; /* 1: do not keep LN1/LN2 outputs; recompute from mean/rstd */
 	int recompute_fp8;       /* 1 (with fp8): no E4M3 weight copies; each fp8 matmul casts its
 				  * layer's W (or W^T) into its scratch (graph/step.h "FP8") */
+	int keep_gelu;           /* with recompute_gelu: the last keep_gelu layers keep their GELU
+				  * outputs all the same (0: none; >= L: all, as if no recompute) */
+	int keep_layernorm;      /* the same for recompute_layernorm */
+	int recompute_auto;      /* --recompute auto: ng_step_fit_memory chooses the four above
+				  * (and recompute_fp8) for a memory budget; the builder ignores it */
 	int head_chunk_rows;     /* rows per classifier chunk; 0 = whole B*T (clamped to B*T) */
 	int fuse_gelu;           /* NG_GELU_FUSE_* bits: GELU as the FC matmul's epilogue (FWD),
 				  * DGELU as the FC-proj dinp matmul's epilogue (BWD; on our own
@@ -210,9 +215,27 @@ enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUT
 /* "auto" | "fwd,bwd" | "fwd,own" | "fwd" | "bwd" | "own" | "none" -> NG_GELU_FUSE_* bits
  * ("auto": FWD | BWD | AUTO; "own": BWD | OWN); NG_ERR_INPUT otherwise. */
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
-/* --recompute's comma list ("gelu", "layernorm", "fp8", or "none") -> the recompute_* options;
- * NG_ERR_INPUT with a hint otherwise, and for fp8 when fp8 (--fp8 given) is 0. */
+/* --recompute's comma list ("gelu", "layernorm", "fp8", or "none"), or "auto" -> the
+ * recompute_* options (auto: none until ng_step_fit_memory); NG_ERR_INPUT with a hint
+ * otherwise, and for fp8 when fp8 (--fp8 given) is 0. */
 enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step_options *opt);
+
+/* --recompute auto: the least recompute with which the training step of K micro-batches of
+ * B x T tokens needs at most `budget` bytes (its graph's total_bytes), built into g (freed and
+ * rebuilt; ng_graph_free it). Rungs, in the order of their cost a byte saved (BENCHMARKS.md,
+ * "Memory options": the GELU recompute writes each byte it saves once more; the LayerNorm's
+ * reads the residual and writes its output, two): nothing recomputed; GELU outputs in 1..L
+ * layers (the first ones; the last keep theirs); then with GELU in all, LayerNorm outputs in
+ * 1..L layers; then with --fp8 the E4M3 weight copies. Within a rung the fewest layers that fit
+ * (the bytes fall with each one). *opt gets the choice (recompute_*, keep_*). The head chunk
+ * and batch stay as given. NG_ERR_INPUT when even everything recomputed needs more, naming
+ * both sizes, with a hint (a smaller --head-chunk or --batch). */
+enum ng_status ng_step_fit_memory(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
+				  int T, int K, struct ng_step_options *opt, size_t budget);
+
+/* Text for a log line: "none", "gelu", "gelu (20 of 24 layers)", "gelu,layernorm (3 of 24)",
+ * ... for the options a graph was built with, into buf (returned). */
+const char *ng_step_recompute_name(const struct ng_graph *g, char *buf, size_t n);
 /* The bits back as text ("fwd,bwd" ..., "auto: fwd" once the device chose). */
 const char *ng_step_gelu_fusion_name(int mask);
 

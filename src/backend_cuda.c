@@ -166,6 +166,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	if (o->recompute)
 		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
 	c->step.head_chunk_rows = (int)o->head_chunk;
+	c->gpu_mem = (size_t)(o->gpu_mem_gib * 1073741824.0);
 	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO : 0;
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
@@ -198,6 +199,15 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
 		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
 	fprintf(log, "attention: %s\n", ng_attention_describe(&e->att));
+	if (c.step.recompute_auto) {
+		char what[96];
+		fprintf(log, "recompute: %s (auto: the least that fits ",
+			ng_step_recompute_name(g, what, sizeof(what)));
+		if (c.gpu_mem)
+			fprintf(log, "--gpu-mem %.2f GiB)\n", c.gpu_mem / 1073741824.0);
+		else
+			fprintf(log, "the memory free at start)\n");
+	}
 	if (c.autotune && !e->cfg.autotune)
 		fprintf(log, "autotune: off (--deterministic: a timed choice could differ between "
 			"two runs)\n");

@@ -32,6 +32,7 @@ struct plan_args {
 	long long align;       /* arena alignment, bytes */
 	const char *step;      /* "train", "eval", "sample" */
 	bool fp8;              /* --fp8: every kind of fp8 matmul (forward E4M3, dinp E5M2) */
+	double gpu_gib;        /* plan's --gpu-mem (0: not given): --recompute auto's budget */
 };
 
 #define PLAN_NFLAGS 7
@@ -45,7 +46,8 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 	a->step = "train";
 	struct ng_flag t[PLAN_NFLAGS] = {
 		{ "--recompute", NG_FLAG_STRING, &a->recompute, 0, 0, "WHAT",
-		  "recompute to save memory: a comma list of gelu, layernorm, fp8; or none", false },
+		  "recompute to save memory: a comma list of gelu, layernorm, fp8; none; or auto "
+		  "(the least, layer by layer, that fits --gpu-mem)", false },
 		{ "--head-chunk", NG_FLAG_INT, &a->head_chunk, 0, 1 << 30, "ROWS",
 		  "classifier rows per chunk (0 = all B*T rows at once; 16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &a->gelu, 0, 0, "WHAT",
@@ -85,6 +87,19 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 	o.align = (size_t)pa->align;
 	if (pa->align & (pa->align - 1))
 		return ng_fail(NG_ERR_INPUT, "--align %lld is not a power of two", pa->align);
+	if (strcmp(pa->step, "train") == 0 && o.recompute_auto) {
+		size_t budget = (size_t)(pa->gpu_gib * GIB), free_b = 0, total_b = 0;
+		if (!budget && ng_cuda_device_count() > 0 &&
+		    cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+			budget = free_b;
+		if (!budget) {
+			ng_fail(NG_ERR_INPUT, "plan --recompute auto: how much memory to fit?");
+			ng_hint("give --gpu-mem GIB (here the step's own bytes: train's --gpu-mem "
+				"also counts the CUDA context, ~0.5 GiB)");
+			return NG_ERR_INPUT;
+		}
+		return ng_step_fit_memory(g, &shape->model, shape->B, shape->T, shape->K, &o, budget);
+	}
 	if (strcmp(pa->step, "train") == 0)
 		return ng_step_build_train(g, &shape->model, shape->B, shape->T, shape->K, &o);
 	if (strcmp(pa->step, "eval") == 0)
@@ -173,8 +188,10 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	       c->C, c->T, c->V, c->Vp, g->lay.n_params);
 	printf("batch: B=%d T=%d K=%d (%lld tokens per step)\n", sh->B, sh->T, sh->K,
 	       (long long)sh->B * sh->T * sh->K);
-	printf("options: recompute %s, classifier chunk %d rows%s, GELU fused %s, fp8 %s, align "
-	       "%zu B\n\n", pa->recompute, g->head_chunk_rows,
+	char what[96];
+	printf("options: recompute %s%s, classifier chunk %d rows%s, GELU fused %s, fp8 %s, align "
+	       "%zu B\n\n", ng_step_recompute_name(g, what, sizeof(what)),
+	       strcmp(pa->recompute, "auto") ? "" : " (auto)", g->head_chunk_rows,
 	       g->head_chunk_rows == g->B * g->T ? " (whole)" : "",
 	       ng_step_gelu_fusion_name(g->fuse_gelu), pa->fp8 ? "every kind (forward, dinp)" : "off",
 	       g->align);
@@ -211,10 +228,11 @@ static void print_json(const struct ng_graph *g, const struct ng_shape *sh,
 	printf("{\"step\":\"%s\",\"layers\":%d,\"heads\":%d,\"channels\":%d,\"seq_len\":%d,"
 	       "\"vocab\":%d,\"padded_vocab\":%d,\"batch\":%d,\"micro_batches\":%d,"
 	       "\"n_params\":%zu,\"recompute_gelu\":%d,\"recompute_layernorm\":%d,"
-	       "\"recompute_fp8\":%d,"
+	       "\"recompute_fp8\":%d,\"keep_gelu\":%d,\"keep_layernorm\":%d,"
 	       "\"head_chunk_rows\":%d,\"fuse_gelu\":%d,\"fp8\":%d,\"align\":%zu,", pa->step,
 	       g->cfg.L, g->cfg.H, g->cfg.C, sh->T, g->cfg.V, g->cfg.Vp, sh->B, sh->K,
 	       g->lay.n_params, g->recompute_gelu, g->recompute_layernorm, g->recompute_fp8,
+	       g->keep_gelu, g->keep_layernorm,
 	       g->head_chunk_rows,
 	       g->fuse_gelu, pa->fp8 ? NG_FP8_EVERY : 0, g->align);
 	printf("\"arena_bytes\":%zu,\"lower_bound_bytes\":%zu,\"params_bytes\":%zu,"
@@ -244,15 +262,15 @@ enum ng_status ng_cmd_plan(int argc, char **argv)
 	struct ng_model_args ma;
 	struct plan_args pa;
 	bool json = false;
-	double gpu_gib = 0;
 	struct ng_flag flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 2];
 	ng_cli_model_flags(&ma, flags, "d12", 64);
 	plan_flags(&pa, flags + NG_MODEL_NFLAGS);
 	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS] = (struct ng_flag){
 		"--json", NG_FLAG_BOOL, &json, 0, 0, NULL, "print one JSON object", false };
 	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 1] = (struct ng_flag){
-		"--gpu-mem", NG_FLAG_DOUBLE, &gpu_gib, 0, 1e6, "GIB",
-		"fail when the plan needs more than this much device memory", false };
+		"--gpu-mem", NG_FLAG_DOUBLE, &pa.gpu_gib, 0, 1e6, "GIB",
+		"fail when the plan needs more than this much device memory; with --recompute auto "
+		"the least recompute that fits it", false };
 	struct ng_command_spec spec = { "plan", "print the memory plan of a step (no GPU needed)",
 					"[model] [batch] [--json] [--gpu-mem GIB] [options]", flags,
 					(int)(sizeof(flags) / sizeof(flags[0])), 0 };
@@ -269,7 +287,7 @@ enum ng_status ng_cmd_plan(int argc, char **argv)
 	else
 		print_text(&g, &shape, &pa, &s);
 	if (ng_cli_seen(&spec, "--gpu-mem")) {
-		st = ng_plan_check_fit(g.total_bytes, (size_t)(gpu_gib * GIB));
+		st = ng_plan_check_fit(g.total_bytes, (size_t)(pa.gpu_gib * GIB));
 	} else if (ng_cuda_device_count() > 0) {
 		size_t free_b = 0, total_b = 0;
 		if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
@@ -297,6 +315,8 @@ static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const struct
 	c.step.recompute_gelu = g->recompute_gelu;
 	c.step.recompute_layernorm = g->recompute_layernorm;
 	c.step.recompute_fp8 = g->recompute_fp8;
+	c.step.keep_gelu = g->keep_gelu;
+	c.step.keep_layernorm = g->keep_layernorm;
 	c.step.head_chunk_rows = g->head_chunk_rows;
 	c.step.fuse_gelu = g->fuse_gelu & ~NG_GELU_FUSE_AUTO; /* as drawn, not re-timed */
 	c.step.fp8 = g->fp8;

@@ -78,8 +78,11 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "cuBLASLt, or none ($XDG_CACHE_HOME/nanograph, else ~/.cache/nanograph)", false },
 		{ "--recompute", NG_FLAG_STRING, &o.recompute, 0, 0, "WHAT",
 		  "GPU: recompute to save memory, a comma list of gelu, layernorm and fp8 (with --fp8: "
-		  "cast each E4M3 weight at its use instead of keeping copies), or none (none)",
-		  false },
+		  "cast each E4M3 weight at its use instead of keeping copies), none (default), or "
+		  "auto: the least recompute, layer by layer, that fits --gpu-mem", false },
+		{ "--gpu-mem", NG_FLAG_DOUBLE, &o.gpu_mem_gib, 0.01, 1e6, "GIB",
+		  "GPU: with --recompute auto, the device memory the run may have in use (as the "
+		  "init log counts it; default: what is free at start)", false },
 		{ "--head-chunk", NG_FLAG_INT, &o.head_chunk, 0, 1 << 30, "ROWS",
 		  "GPU: classifier rows per chunk, 0 = all B*T rows at once (16384)", false },
 		{ "--gelu-fusion", NG_FLAG_STRING, &o.gelu_fusion, 0, 0, "WHAT",
@@ -135,6 +138,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	struct ng_step_options rc;
 	if (o.recompute && (st = ng_step_parse_recompute(o.recompute, o.fp8, &rc)))
 		return st;
+	if (ng_cli_seen(&spec, "--gpu-mem") && !(o.recompute && rc.recompute_auto))
+		return ng_fail(NG_ERR_INPUT, "train --gpu-mem: only --recompute auto reads it "
+			       "(it fits the step's recompute into that much device memory)");
 	int gelu_mask;
 	if (o.gelu_fusion && (st = ng_step_parse_gelu_fusion(o.gelu_fusion, &gelu_mask)))
 		return st;

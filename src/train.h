@@ -47,7 +47,9 @@ struct ng_train_opts {
 	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
 	const char *autotune_cache; /* GPU: directory keeping autotune's choices, "none", or NULL
 	                            * ($XDG_CACHE_HOME/nanograph or ~/.cache/nanograph) */
-	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm" or "none" */
+	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm", "none" or "auto" */
+	double gpu_mem_gib;        /* GPU: device memory the run may have in use; 0: what is free
+	                            * (--recompute auto fits the step into it) */
 	long long head_chunk;      /* GPU: classifier rows per chunk, 0 = all B*T at once */
 	const char *gelu_fusion;   /* GPU: --gelu-fusion fwd,bwd | fwd | bwd | none (NULL: default) */
 	bool fp8;                  /* GPU: E4M3 forward matmuls (graph/step.h "FP8") */

@@ -60,6 +60,20 @@ Test(cli, bad_usage_is_exit_2)
 	expect_input_error(run("plan", "--batch", "0", NULL), "out of range");
 	expect_input_error(run("train", "--device", "cpu", "--fp8", "--model", "tiny", "--steps",
 			       "1", NULL), "no FP8 path");
+	expect_input_error(run("train", "--recompute", "gelu,sometimes", NULL), "unknown item");
+	expect_input_error(run("train", "--gpu-mem", "20", NULL), "only --recompute auto");
+	expect_input_error(run("train", "--recompute", "gelu", "--gpu-mem", "20", NULL),
+			   "only --recompute auto");
+	expect_input_error(run("train", "--recompute", "auto", "--gpu-mem", "0", NULL),
+			   "out of range");
+	/* plan --recompute auto: a budget to fit, or the reason it cannot */
+	if (ng_cuda_device_count() == 0)
+		expect_input_error(run("plan", "--model", "d24", "--recompute", "auto", NULL),
+				   "how much memory");
+	expect_input_error(run("plan", "--model", "d24", "--batch", "32", "--recompute", "auto",
+			       "--gpu-mem", "15", NULL), "with every recompute");
+	cr_expect_eq(run("plan", "--model", "d24", "--batch", "32", "--recompute", "auto",
+			 "--gpu-mem", "26", "--json", NULL), NG_OK, "%s", ng_error_message());
 }
 
 Test(cli, impossible_models_are_refused)

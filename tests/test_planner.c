@@ -240,3 +240,83 @@ Test(planner, targets_d48_b16, .timeout = 60)
 	check_target("d48", 16, 8, 0);
 	check_target("d48", 16, 8, 1);
 }
+
+/* Total bytes of the training step with GELU outputs recomputed in ng layers and LayerNorm
+ * outputs in nl (the first ones), as --recompute auto builds it. */
+static size_t step_bytes(const struct ng_gpt_config *c, int B, int T, int K,
+			 const struct ng_step_options *base, int ng, int nl)
+{
+	struct ng_step_options o = *base;
+	o.recompute_gelu = ng > 0;
+	o.keep_gelu = c->L - ng;
+	o.recompute_layernorm = nl > 0;
+	o.keep_layernorm = c->L - nl;
+	struct ng_graph g;
+	cr_assert_eq(ng_step_build_train(&g, c, B, T, K, &o), NG_OK, "%s", ng_error_message());
+	size_t b = g.total_bytes;
+	ng_graph_free(&g);
+	return b;
+}
+
+/* --recompute auto on random small models and random budgets: what it builds fits; one layer
+ * fewer recomputed (the rung below) would not; below everything recomputed it is an input
+ * error that names both sizes. And the bytes fall (or stay) with each layer recomputed, which
+ * its search assumes. */
+Test(planner, recompute_auto_takes_the_least_that_fits, .init = setup_, .timeout = 60)
+{
+	for (int rep = 0; rep < 40; rep++) {
+		struct ng_gpt_config c;
+		memset(&c, 0, sizeof(c));
+		c.L = 1 + (int)ng_rng_below(&rng_, 6);
+		c.H = 1 + (int)ng_rng_below(&rng_, 4);
+		c.C = c.H * 16 * (1 + (int)ng_rng_below(&rng_, 4));
+		c.T = 16 + (int)ng_rng_below(&rng_, 200);
+		c.V = 2 + (int)ng_rng_below(&rng_, 3000);
+		cr_assert_eq(ng_gpt_check(&c), NG_OK, "%s", ng_error_message());
+		const int B = 1 + (int)ng_rng_below(&rng_, 8), T = 1 + (int)ng_rng_below(&rng_, c.T);
+		const int K = 1 + (int)ng_rng_below(&rng_, 2);
+		struct ng_step_options base;
+		ng_step_default_options(&base);
+		base.fuse_gelu = (int)ng_rng_below(&rng_, 4);
+		base.head_chunk_rows = (int)ng_rng_below(&rng_, (uint64_t)B * T + 1);
+		const int L = c.L;
+		size_t prev = step_bytes(&c, B, T, K, &base, 0, 0);
+		const size_t none = prev;
+		for (int n = 1; n <= 2 * L; n++) {
+			size_t b = step_bytes(&c, B, T, K, &base, n < L ? n : L, n > L ? n - L : 0);
+			cr_assert_leq(b, prev, "seed %llu L=%d B=%d T=%d K=%d: %d layers %zu > %zu",
+				      (unsigned long long)seed_, L, B, T, K, n, b, prev);
+			prev = b;
+		}
+		const size_t all = prev;
+		size_t budget = all + (size_t)ng_rng_below(&rng_, none - all + 2);
+		struct ng_step_options o = base;
+		o.recompute_auto = 1;
+		struct ng_graph g;
+		ng_graph_init(&g);
+		cr_assert_eq(ng_step_fit_memory(&g, &c, B, T, K, &o, budget), NG_OK,
+			     "seed %llu: %s", (unsigned long long)seed_, ng_error_message());
+		cr_assert_leq(g.total_bytes, budget);
+		cr_assert_eq(g.recompute_gelu, o.recompute_gelu);
+		cr_assert_eq(g.keep_gelu, o.keep_gelu);
+		const int ng = o.recompute_gelu ? L - o.keep_gelu : 0;
+		const int nl = o.recompute_layernorm ? L - o.keep_layernorm : 0;
+		cr_assert(nl == 0 || ng == L, "seed %llu: layernorm (%d) before all GELU (%d of %d)",
+			  (unsigned long long)seed_, nl, ng, L);
+		if (ng + nl > 0) /* the rung below does not fit */
+			cr_assert_gt(step_bytes(&c, B, T, K, &base, nl ? L : ng - 1, nl ? nl - 1 : 0),
+				     budget, "seed %llu: %d + %d layers chosen, fewer fit",
+				     (unsigned long long)seed_, ng, nl);
+		ng_graph_free(&g);
+		if (all > 1) {
+			o = base;
+			o.recompute_auto = 1;
+			ng_graph_init(&g);
+			cr_assert_eq(ng_step_fit_memory(&g, &c, B, T, K, &o, all - 1), NG_ERR_INPUT);
+			cr_assert(strstr(ng_error_message(), "with every recompute"), "%s",
+				  ng_error_message());
+			ng_clear_error();
+			ng_graph_free(&g);
+		}
+	}
+}

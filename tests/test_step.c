@@ -37,6 +37,17 @@ static void fp8_fit(struct ng_gpt_config *c)
 }
 
 /* A random small configuration and options. */
+/* Whether layer l of L recomputes (its option on, not one of the last `keep`), and how many do. */
+static int re_(int on, int keep, int L, int l)
+{
+	return on && l < L - keep;
+}
+
+static int n_re_(int on, int keep, int L)
+{
+	return on ? L - (keep < L ? keep : L) : 0;
+}
+
 static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 			struct ng_step_options *o)
 {
@@ -56,6 +67,10 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	o->recompute_gelu = (int)ng_rng_below(&rng_, 2);
 	o->recompute_layernorm = (int)ng_rng_below(&rng_, 2);
 	o->recompute_fp8 = (int)ng_rng_below(&rng_, 2);
+	/* --recompute auto's finer steps: the last keep_* layers keep their outputs */
+	o->keep_gelu = ng_rng_below(&rng_, 2) ? (int)ng_rng_below(&rng_, (uint64_t)c->L + 2) : 0;
+	o->keep_layernorm = ng_rng_below(&rng_, 2) ? (int)ng_rng_below(&rng_, (uint64_t)c->L + 2)
+						   : 0;
 	o->fuse_gelu = (int)ng_rng_below(&rng_, 4);
 	if ((o->fuse_gelu & NG_GELU_FUSE_BWD) && ng_rng_below(&rng_, 2))
 		o->fuse_gelu |= NG_GELU_FUSE_OWN; /* the DGELU on our own GEMM */
@@ -170,9 +185,10 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		int B, T, K;
 		random_case(&c, &B, &T, &K, &o);
 		char what[160];
-		snprintf(what, sizeof(what), "L=%d H=%d C=%d V=%d B=%d T=%d K=%d rg=%d rl=%d fuse=%d "
-			 "chunk=%d", c.L, c.H, c.C, c.V, B, T, K, o.recompute_gelu,
-			 o.recompute_layernorm, o.fuse_gelu, o.head_chunk_rows);
+		snprintf(what, sizeof(what), "L=%d H=%d C=%d V=%d B=%d T=%d K=%d rg=%d/%d rl=%d/%d "
+			 "fuse=%d chunk=%d", c.L, c.H, c.C, c.V, B, T, K, o.recompute_gelu,
+			 o.keep_gelu, o.recompute_layernorm, o.keep_layernorm, o.fuse_gelu,
+			 o.head_chunk_rows);
 		struct ng_graph g;
 		cr_assert_eq(ng_step_build_train(&g, &c, B, T, K, &o), NG_OK, "seed %llu %s: %s",
 			     (unsigned long long)seed_, what, ng_error_message());
@@ -204,7 +220,8 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_BWD), K * (2 * L + 1));
 		/* the residual adds are in the attproj and fcproj epilogues: plain LayerNorms */
 		cr_assert_eq(count_kind(&g, NG_OP_LAYERNORM_FWD),
-			     K * (2 * L + 1 + (o.recompute_layernorm ? 2 * L : 0)));
+			     K * (2 * L + 1 + 2 * n_re_(o.recompute_layernorm, o.keep_layernorm, L)),
+			     "seed %llu %s", (unsigned long long)seed_, what);
 		for (int i = 0; i < g.n_ops; i++) {
 			const struct ng_op *op = &g.ops[i];
 			int proj = op->kind == NG_OP_MATMUL_FWD &&
@@ -229,20 +246,38 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 		const int own = (o.fuse_gelu & NG_GELU_FUSE_OWN) &&
 				!(g.fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ));
 		cr_assert_eq(count_kind(&g, NG_OP_GELU_FWD),
-			     K * L * ((o.fuse_gelu & NG_GELU_FUSE_FWD ? 0 : 1) +
-				      (o.recompute_gelu && fused_bwd && !own ? 1 : 0)));
+			     K * (L * (o.fuse_gelu & NG_GELU_FUSE_FWD ? 0 : 1) +
+				  (fused_bwd && !own ? n_re_(o.recompute_gelu, o.keep_gelu, L) : 0)),
+			     "seed %llu %s", (unsigned long long)seed_, what);
 		cr_assert_eq(count_kind(&g, NG_OP_GELU_BWD), fused_bwd ? 0 : K * L);
 		cr_assert_eq(count_kind(&g, NG_OP_TRANSPOSE_W), own ? K : 0);
 		for (int k = 0; k < g.n_ops; k++) {
 			const struct ng_op *op = &g.ops[k];
+			const int re = re_(o.recompute_gelu, o.keep_gelu, L, op->layer);
 			if (op->kind == NG_OP_GELU_BWD) {
 				cr_assert_eq(op->param[0], NG_P_FCB, "seed %llu %s",
 					     (unsigned long long)seed_, what);
-				cr_assert_eq(op->n_out, o.recompute_gelu ? 3 : 2);
+				cr_assert_eq(op->n_out, re ? 3 : 2, "seed %llu %s: %s",
+					     (unsigned long long)seed_, what, op->name);
 				cr_assert_gt(op->scratch, -1);
 			}
 			if (op->kind == NG_OP_MATMUL_DW && op->which == NG_OP_WHICH_FC)
 				cr_assert_eq(op->param[1], fused_bwd && !own ? NG_P_FCB : -1);
+			/* the fcproj dW reads the recomputed activation, or the forward's kept one */
+			if (op->kind == NG_OP_MATMUL_DW && op->which == NG_OP_WHICH_FCPROJ) {
+				const char *in = g.tensors[op->in[1]].name;
+				cr_assert_eq(strstr(in, "fch_gelu.re") != NULL, re, "seed %llu %s: %s reads %s",
+					     (unsigned long long)seed_, what, op->name, in);
+			}
+			/* the qkv and fc dW: a recomputed LayerNorm output, or the kept one */
+			if (op->kind == NG_OP_MATMUL_DW &&
+			    (op->which == NG_OP_WHICH_QKV || op->which == NG_OP_WHICH_FC)) {
+				const char *in = g.tensors[op->in[1]].name;
+				cr_assert_eq(strstr(in, ".re") != NULL,
+					     re_(o.recompute_layernorm, o.keep_layernorm, L, op->layer),
+					     "seed %llu %s: %s reads %s", (unsigned long long)seed_, what,
+					     op->name, in);
+			}
 			/* own: the fcproj dinp on our GEMM (bf16), writing the recomputed
 			 * activation that the fcproj dW right after it reads */
 			if (op->kind == NG_OP_MATMUL_DINP) {
@@ -260,14 +295,15 @@ Test(step, random_train_graphs_are_well_formed, .init = setup_)
 						  g.tensors[op->in[1]].name);
 					cr_assert_eq(g.tensors[op->in[1]].shape[0], (size_t)L);
 					/* dfch, the fc bias gradient (first writer: "="), post */
-					cr_assert_eq(op->n_out, o.recompute_gelu ? 3 : 2);
+					cr_assert_eq(op->n_out, re ? 3 : 2, "seed %llu %s: %s",
+						     (unsigned long long)seed_, what, op->name);
 					cr_assert_eq(op->out[1], g.t_grads);
 					cr_assert_eq(op->param[1], NG_P_FCB);
 					cr_assert_eq(op->overwrite, op->micro == 0);
 					const struct ng_op *dw = &g.ops[k + 1];
 					cr_assert(dw->kind == NG_OP_MATMUL_DW &&
 						  dw->which == NG_OP_WHICH_FCPROJ && dw->layer == op->layer);
-					if (o.recompute_gelu)
+					if (re)
 						cr_assert_eq(dw->in[1], op->out[2]);
 				}
 			}

@@ -85,7 +85,9 @@ static double rel_l2(const float *a, const double *ref, size_t n)
 
 /* One step of the planned GPU graph against the double-precision CPU reference, GELU fused into
  * the matmuls as `fuse` says (NG_GELU_FUSE_* bits; AUTO: as timed on this device), the GELU
- * outputs recomputed in the backward when recompute_gelu. */
+ * outputs recomputed in the backward when recompute_gelu is 1; 2: GELU and LayerNorm outputs
+ * recomputed in the first layer only, the last keeping theirs (--recompute auto's finer
+ * steps, where kept and recomputed layers meet). */
 static void step_matches(int fuse, int fp8, int recompute_gelu)
 {
 	uint64_t seed = (uint64_t)time(NULL);
@@ -94,7 +96,12 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	c.step.fuse_gelu = fuse;
 	c.step.fp8 = fp8 ? NG_FP8_EVERY : 0; /* every kind, untimed */
 	c.step.recompute_fp8 = fp8 == 2;     /* 2: the matmuls cast their own weights */
-	c.step.recompute_gelu = recompute_gelu;
+	c.step.recompute_gelu = recompute_gelu != 0;
+	if (recompute_gelu == 2) {
+		c.step.keep_gelu = 1;
+		c.step.recompute_layernorm = 1;
+		c.step.keep_layernorm = 1;
+	}
 	/* bounds: bf16 as the file's comment says; fp8 forward matmuls see both operands rounded
 	 * to E4M3 (unit roundoff u8 = 2^-4), a relative error of about sqrt(2/3) u8 = 0.051 per
 	 * matmul output, and the loss (near log V at init, its logits small) 2e-2. The dinp
@@ -106,7 +113,8 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
 	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s%s): planned, %s\n",
 		ng_step_gelu_fusion_name(e.train.fuse_gelu), fp8 ? ", fp8" : "",
-		recompute_gelu ? ", --recompute gelu" : "", ng_attention_describe(&e.att));
+		recompute_gelu == 2 ? ", --recompute gelu,layernorm in layer 0 only"
+		: recompute_gelu ? ", --recompute gelu" : "", ng_attention_describe(&e.att));
 
 	/* K micro-batches of fresh random tokens */
 	int B = c.B, T = c.T, K = c.K, V = c.model.V;
@@ -200,6 +208,9 @@ Test(train_gpu, step_matches_cpu_reference)
 	/* the GELU backward that recomputes the activation (unfused DGELU), and the fused one */
 	step_matches(NG_GELU_FUSE_FWD, 0, 1);
 	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 0, 1);
+	/* recompute in some layers only: unfused and fused DGELU */
+	step_matches(NG_GELU_FUSE_FWD, 0, 2);
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 0, 2);
 }
 
 /* The DGELU on our own GEMM (--gelu-fusion own): the same step, with and without --recompute
@@ -213,6 +224,7 @@ Test(train_gpu, own_dgelu_step_matches_cpu_reference)
 	const int own = NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN;
 	step_matches(own, 0, 0);
 	step_matches(NG_GELU_FUSE_FWD | own, 0, 1);
+	step_matches(NG_GELU_FUSE_FWD | own, 0, 2);
 }
 
 static void sm_version(int *major, int *minor)
