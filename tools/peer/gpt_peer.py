@@ -181,9 +181,14 @@ def main():
             pending = []
     peak = torch.cuda.max_memory_allocated() / 2**30
     reserved = torch.cuda.max_memory_reserved() / 2**30
+    # what the device has in use now, as nanograph's init log counts its own: the allocator's
+    # pool (kept, never emptied, so its peak) plus the CUDA context and the libraries' handles
+    free_b, total_b = torch.cuda.mem_get_info()
+    in_use = (total_b - free_b) / 2**30
     mean = sum(rates) / len(rates) if rates else 0
     print(f"peer: {a.model} B={B} T={T} K={K}: {mean:.0f} tok/s (mean of 10-step windows after step 10), "
-          f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved", flush=True)
+          f"peak {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved, "
+          f"device in use {in_use:.2f} GiB", flush=True)
     if a.save:
         save_hf(model, a.save, L, H, C, T, V)
 
