@@ -14,7 +14,8 @@
  *   rewrite C  the same for an unrelated buffer as large as A (the control for "rewrite A")
  * the tool times P alone and the pair P, X under sustained load (tools/bench_sustained.h),
  * three rounds, best of each, and prints X's time in the pair: pair - P alone.
- * Usage: bench_seq [d12|d24|d48] (d24 by default).
+ * Usage: bench_seq [d12|d24|d48] [--once] (d24 by default). --once: each GEMM twice, no
+ * predecessor and no timing: for a profiler (ncu) to read one launch of each.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -153,6 +154,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_seq: needs an sm_90 GPU and a build for sm_90a\n");
 		return 1;
 	}
+	const int once = argc > 2 && !strcmp(argv[2], "--once");
 	const char *cfg = argc > 1 ? argv[1] : "d24";
 	int B = 32, C = 1024;
 	if (!strcmp(cfg, "d12"))
@@ -206,6 +208,15 @@ int main(int argc, char **argv)
 	cudaEventCreate(&ev[0]);
 	cudaEventCreate(&ev[1]);
 
+	if (once) {
+		a.p = P_NONE;
+		for (a.x = 0; a.x < X_COUNT; a.x++)
+			for (int r = 0; r < 2; r++)
+				if (launch_x_(&a) || NG_CUDA_CHECK(cudaDeviceSynchronize()))
+					goto fail;
+		printf("bench_seq --once: each GEMM ran twice\n");
+		return 0;
+	}
 	printf("== %s (M = %d, C = %d): sustained ms a launch, best of 3 rounds; X in the pair = "
 	       "pair - P alone ==\n", cfg, a.M, C);
 	float alone_p[X_COUNT][P_COUNT], pair[X_COUNT][P_COUNT];
