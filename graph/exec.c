@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1261,6 +1262,26 @@ static size_t fit_budget(const struct ng_exec *e)
 	return room > margin ? room - margin : 0;
 }
 
+/* With data parallelism every rank must build the same step: the smallest budget of all ranks
+ * (their free memory may differ), in MiB through a u32 maximum of its complement. */
+static enum ng_status agree_budget(struct ng_exec *e, size_t *budget)
+{
+	unsigned *d = NULL, v = UINT32_MAX - (unsigned)(*budget >> 20);
+	enum ng_status st = NG_CUDA_CHECK(cudaMalloc((void **)&d, sizeof(v)));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpy(d, &v, sizeof(v), cudaMemcpyHostToDevice));
+	if (!st)
+		st = ng_collective_allreduce_max_u32(e->cfg.comm, d, 1, e->stream);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(&v, d, sizeof(v), cudaMemcpyDeviceToHost, e->stream));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	cudaFree(d);
+	if (!st)
+		*budget = (size_t)(UINT32_MAX - v) << 20;
+	return st;
+}
+
 enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 {
 	memset(e, 0, sizeof(*e));
@@ -1306,7 +1327,10 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	size_t budget = 0;
 	if (!st && opt.recompute_auto) {
 		budget = fit_budget(e);
-		st = ng_step_fit_memory(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt, budget);
+		if (cfg->comm)
+			st = agree_budget(e, &budget);
+		if (!st)
+			st = ng_step_fit_memory(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt, budget);
 	}
 	struct ng_step_options built = opt;
 	e->gelu_fwd_ms[0] = e->gelu_fwd_ms[1] = -1.0f;
