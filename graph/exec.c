@@ -1277,8 +1277,10 @@ static enum ng_status agree_budget(struct ng_exec *e, size_t *budget)
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 	cudaFree(d);
-	if (!st)
+	if (!st && ((size_t)(UINT32_MAX - v) << 20) < (*budget >> 20 << 20)) {
 		*budget = (size_t)(UINT32_MAX - v) << 20;
+		e->fit_lowered = 1;
+	}
 	return st;
 }
 

@@ -73,6 +73,8 @@ struct ng_exec_matmul {
 
 struct ng_exec {
 	struct ng_exec_config cfg;
+	int fit_lowered;               /* --recompute auto with ranks: another rank's budget, smaller
+	                                * than this one's, is what the step was fitted to */
 	struct ng_graph train;         /* the training step */
 	struct ng_graph eval;          /* the evaluation step (kind EVAL), when eval_batches > 0 */
 	char *arena;                   /* the one device allocation */

@@ -204,9 +204,11 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, "recompute: %s (auto: the least that fits ",
 			ng_step_recompute_name(g, what, sizeof(what)));
 		if (c.gpu_mem)
-			fprintf(log, "--gpu-mem %.2f GiB)\n", c.gpu_mem / 1073741824.0);
+			fprintf(log, "--gpu-mem %.2f GiB", c.gpu_mem / 1073741824.0);
 		else
-			fprintf(log, "the memory free at start)\n");
+			fprintf(log, "the memory free at start");
+		fprintf(log, "%s)\n", e->fit_lowered ? "; fitted to another rank's smaller budget, "
+			"so that every rank runs the same step" : "");
 	}
 	if (c.autotune && !e->cfg.autotune)
 		fprintf(log, "autotune: off (--deterministic: a timed choice could differ between "
