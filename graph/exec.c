@@ -1328,8 +1328,14 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 		st = ng_step_build_train(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt);
 	size_t budget = 0;
 	if (!st && opt.recompute_auto) {
-		budget = fit_budget(e);
+		/* with ranks, one collective first: NCCL allocates its buffers at its first
+		 * connection (~0.85 GiB of a rank of two H200s, session 29), which would otherwise
+		 * come after the budget was measured */
+		size_t warm = 0;
 		if (cfg->comm)
+			st = agree_budget(e, &warm);
+		budget = fit_budget(e);
+		if (!st && cfg->comm)
 			st = agree_budget(e, &budget);
 		if (!st)
 			st = ng_step_fit_memory(&e->train, &cfg->model, cfg->B, cfg->T, cfg->K, &opt, budget);
