@@ -739,3 +739,31 @@ Test(step, gelu_backward_pick)
 		cr_expect_eq(ng_exec_pick_dgelu(ms[i], nv[i]), want[i], "case %d: %d", i,
 			     ng_exec_pick_dgelu(ms[i], nv[i]));
 }
+
+/* The init log's and plan's words for what a graph recomputes. */
+Test(step, recompute_names)
+{
+	struct ng_gpt_config c = { 4, 2, 32, 64, 100, 0 };
+	cr_assert_eq(ng_gpt_check(&c), NG_OK, "%s", ng_error_message());
+	struct { int g, kg, l, kl; const char *want; } k[] = {
+		{ 0, 0, 0, 0, "none" },
+		{ 1, 0, 0, 0, "gelu" },
+		{ 1, 1, 0, 0, "gelu (3 of 4 layers)" },
+		{ 1, 4, 0, 0, "none" }, /* every layer keeps its GELU output */
+		{ 1, 0, 1, 2, "gelu,layernorm (2 of 4 layers)" },
+		{ 0, 0, 1, 0, "layernorm" },
+	};
+	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+		struct ng_step_options o;
+		ng_step_default_options(&o);
+		o.recompute_gelu = k[i].g;
+		o.keep_gelu = k[i].kg;
+		o.recompute_layernorm = k[i].l;
+		o.keep_layernorm = k[i].kl;
+		struct ng_graph g;
+		cr_assert_eq(ng_step_build_train(&g, &c, 2, 16, 1, &o), NG_OK, "%s", ng_error_message());
+		char buf[96];
+		cr_expect_str_eq(ng_step_recompute_name(&g, buf, sizeof(buf)), k[i].want, "case %zu", i);
+		ng_graph_free(&g);
+	}
+}
