@@ -352,8 +352,9 @@ enum ng_status ng_plan_check_fit(size_t total_bytes, size_t gpu_bytes)
 	ng_fail(NG_ERR_INPUT, "the step needs %.2f GiB of device memory but the GPU has %.2f GiB "
 		"(%.2f GiB short)", total_bytes / gib, gpu_bytes / gib,
 		(total_bytes - gpu_bytes) / gib);
-	ng_hint("recompute (--recompute gelu,layernorm, and with --fp8 also fp8), chunk the "
-		"classifier more finely (--head-chunk 4096), or halve --batch and keep the tokens "
-		"per step with --total-batch; nanograph plan shows each effect");
+	ng_hint("recompute (--recompute auto: as little as fits; or gelu,layernorm, and with "
+		"--fp8 also fp8), chunk the classifier more finely (--head-chunk 4096), or halve "
+		"--batch and keep the tokens per step with --total-batch; nanograph plan shows each "
+		"effect");
 	return NG_ERR_INPUT;
 }

@@ -35,7 +35,7 @@ struct plan_args {
 	double gpu_gib;        /* plan's --gpu-mem (0: not given): --recompute auto's budget */
 };
 
-#define PLAN_NFLAGS 7
+#define PLAN_NFLAGS 8
 
 static void plan_flags(struct plan_args *a, struct ng_flag *f)
 {
@@ -64,6 +64,9 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		  "fp8 matmuls, planned for every kind: the five forward (E4M3) and four layer "
 		  "dinp (E5M2 x E4M3) ones (train --fp8 times them on the GPU and may keep fewer)",
 		  false },
+		{ "--gpu-mem", NG_FLAG_DOUBLE, &a->gpu_gib, 0, 1e6, "GIB",
+		  "with --recompute auto the least recompute that fits this much (the step's own "
+		  "bytes); plan also fails when the step needs more", false },
 	};
 	memcpy(f, t, sizeof(t));
 }
@@ -262,15 +265,11 @@ enum ng_status ng_cmd_plan(int argc, char **argv)
 	struct ng_model_args ma;
 	struct plan_args pa;
 	bool json = false;
-	struct ng_flag flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 2];
+	struct ng_flag flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 1];
 	ng_cli_model_flags(&ma, flags, "d12", 64);
 	plan_flags(&pa, flags + NG_MODEL_NFLAGS);
 	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS] = (struct ng_flag){
 		"--json", NG_FLAG_BOOL, &json, 0, 0, NULL, "print one JSON object", false };
-	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 1] = (struct ng_flag){
-		"--gpu-mem", NG_FLAG_DOUBLE, &pa.gpu_gib, 0, 1e6, "GIB",
-		"fail when the plan needs more than this much device memory; with --recompute auto "
-		"the least recompute that fits it", false };
 	struct ng_command_spec spec = { "plan", "print the memory plan of a step (no GPU needed)",
 					"[model] [batch] [--json] [--gpu-mem GIB] [options]", flags,
 					(int)(sizeof(flags) / sizeof(flags[0])), 0 };
