@@ -320,3 +320,40 @@ Test(planner, recompute_auto_takes_the_least_that_fits, .init = setup_, .timeout
 		}
 	}
 }
+
+/* --recompute auto with --fp8: past every GELU and LayerNorm output, the E4M3 weight copies
+ * (--recompute fp8) are the last rung, taken only when nothing else fits. */
+Test(planner, recompute_auto_reaches_the_fp8_copies, .init = setup_)
+{
+	struct ng_gpt_config c = { 4, 4, 256, 128, 1000, 0 };
+	cr_assert_eq(ng_gpt_check(&c), NG_OK, "%s", ng_error_message());
+	struct ng_step_options base;
+	ng_step_default_options(&base);
+	base.fp8 = NG_FP8_EVERY;
+	const int B = 2, T = 128, L = c.L;
+	const size_t all_acts = step_bytes(&c, B, T, 1, &base, L, L);
+	struct ng_step_options o = base;
+	o.recompute_gelu = o.recompute_layernorm = o.recompute_fp8 = 1;
+	struct ng_graph g;
+	cr_assert_eq(ng_step_build_train(&g, &c, B, T, 1, &o), NG_OK, "%s", ng_error_message());
+	const size_t floor = g.total_bytes;
+	ng_graph_free(&g);
+	cr_assert_lt(floor, all_acts, "the E4M3 copies save nothing (%zu, %zu)", floor, all_acts);
+	o = base;
+	o.recompute_auto = 1;
+	ng_graph_init(&g);
+	cr_assert_eq(ng_step_fit_memory(&g, &c, B, T, 1, &o, floor + (all_acts - floor) / 2), NG_OK,
+		     "%s", ng_error_message());
+	cr_expect(o.recompute_gelu && o.recompute_layernorm && o.recompute_fp8 && !o.keep_gelu &&
+		  !o.keep_layernorm, "rungs: gelu %d/%d layernorm %d/%d fp8 %d", o.recompute_gelu,
+		  o.keep_gelu, o.recompute_layernorm, o.keep_layernorm, o.recompute_fp8);
+	cr_expect_eq(g.total_bytes, floor);
+	ng_graph_free(&g);
+	o = base;
+	o.recompute_auto = 1;
+	ng_graph_init(&g);
+	cr_assert_eq(ng_step_fit_memory(&g, &c, B, T, 1, &o, all_acts), NG_OK, "%s",
+		     ng_error_message());
+	cr_expect_eq(o.recompute_fp8, 0, "the copies recast although the activations fit");
+	ng_graph_free(&g);
+}
