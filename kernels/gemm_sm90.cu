@@ -398,13 +398,17 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 				const int p = p0 + kb, s = p % S;
 				mbar_wait_(&full[s], (p / S) & 1);
 				const uint32_t a = smem_u32_(ring + s * C::STAGE_BYTES), w = a + C::A_BYTES;
+				/* the stage's two descriptors once; each k16 slice and row half adds its
+				 * offset / 16 to the start-address field (bits 0-13: shared memory stays
+				 * under 256 KiB, so no carry leaves it) */
+				const uint64_t da0 = desc_(a), dw0 = desc_(w);
 				wgmma_fence_();
 #pragma unroll
 				for (int k = 0; k < GM_BK / 16; k++) {
 #pragma unroll
 					for (int h = 0; h < WM / 64; h++) {
-						const uint64_t da = desc_(a + h * 64 * 128 + k * 32);
-						const uint64_t dw = desc_(w + k * 32);
+						const uint64_t da = da0 + (uint64_t)((h * 64 * 128 + k * 32) >> 4);
+						const uint64_t dw = dw0 + (uint64_t)((k * 32) >> 4);
 						if constexpr (BN == 128)
 							wgmma_n128_(d[h], da, dw, kb > 0 || k > 0);
 						else

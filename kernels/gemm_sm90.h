@@ -60,8 +60,9 @@ extern "C" {
  * choices (kernels/matmul_cache.c) time our GEMM again instead of trusting an old figure.
  * 2: the GELU epilogue with folded constants (session 24).
  * 3: the barriers no longer share shared memory with the first epilogue unit (session 26).
- * 4: DGELU's units in column-block order (its column sums, session 26). */
-#define NG_GEMM_SM90_REV 4
+ * 4: DGELU's units in column-block order (its column sums, session 26).
+ * 5: the wgmma descriptors made once a stage (session 29). */
+#define NG_GEMM_SM90_REV 5
 
 enum ng_gemm_tile {
 	NG_GEMM_TILE_128x128 = 0,
