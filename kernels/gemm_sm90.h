@@ -61,8 +61,9 @@ extern "C" {
  * 2: the GELU epilogue with folded constants (session 24).
  * 3: the barriers no longer share shared memory with the first epilogue unit (session 26).
  * 4: DGELU's units in column-block order (its column sums, session 26).
- * 5: the wgmma descriptors made once a stage (session 29). */
-#define NG_GEMM_SM90_REV 5
+ * 5: the wgmma descriptors made once a stage (session 29).
+ * 6: the warpgroup index warp-uniform (descriptors in uniform registers, session 30). */
+#define NG_GEMM_SM90_REV 6
 
 enum ng_gemm_tile {
 	NG_GEMM_TILE_128x128 = 0,
