@@ -328,8 +328,8 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 	/* The warpgroup through a shuffle from lane 0: the compiler then knows it is the same in
 	 * every lane, so the tile and stage indices derived from it, the stage addresses and the
 	 * wgmma descriptors live in uniform registers; from threadIdx.x directly it built each
-	 * descriptor in ordinary registers and moved it over, ~130 instructions a warp a stage
-	 * against ~40 (ncu source counters, session 30). */
+	 * descriptor in ordinary registers and moved it over: ~130 instructions a warp a stage,
+	 * and 69.2 M for d24's qkv forward against 39.6 M with the shuffle (ncu, session 30). */
 	const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0), t = threadIdx.x % 128;
 
 	if (threadIdx.x == 0) {
