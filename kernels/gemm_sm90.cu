@@ -192,12 +192,34 @@ static __device__ __forceinline__ void cluster_sync_(void)
 		     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-/* The byte offset in an epilogue unit of the bf16 pair at row r, 8-column block jj, lane's pair
- * (lane % 4) in it: the copy engine's 128-byte swizzle puts 16-byte chunk jj of row r at chunk
- * jj ^ (r % 8). */
-static __device__ __forceinline__ int unit_off_(int r, int jj, int lane)
+/* The shared-memory address, in an epilogue unit, of the 16-byte row that this lane names for
+ * ldmatrix / stmatrix .x4 over 8-column blocks jj0 and jj0 + 1 of the warp's 16 rows: lanes
+ * 8m..8m+7 name the 8 rows of matrix m = (block jj0 + m / 2, row half m % 2). Register m of a
+ * lane is then its pair (row warp*16 + lane/4 + 8 (m % 2), columns 8 (jj0 + m / 2) + 2 (lane % 4)),
+ * the accumulator's layout: one instruction moves four of a thread's pairs. */
+static __device__ __forceinline__ uint32_t unit_row_(uint32_t unit, int warp, int lane, int jj0)
 {
-	return r * 128 + ((jj ^ (r & 7)) << 4) + (lane % 4) * 4;
+	const int m = lane / 8, r = warp * 16 + 8 * (m % 2) + lane % 8;
+	return unit + r * 128 + (((jj0 + m / 2) ^ (r & 7)) << 4);
+}
+static __device__ __forceinline__ void ldsm_x4_(uint32_t addr, uint32_t *v)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+		     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+}
+static __device__ __forceinline__ void stsm_x4_(uint32_t addr, const uint32_t *v)
+{
+	asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+		     ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+}
+static __device__ __forceinline__ uint32_t pack_bf16x2_(float lo, float hi)
+{
+	const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+	return *reinterpret_cast<const uint32_t *>(&p);
+}
+static __device__ __forceinline__ float2 unpack_bf16x2_(uint32_t v)
+{
+	return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
 /* wgmma's shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart. */
@@ -436,12 +458,13 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 			 * warp*16 + lane/4 (+8) of each 64-row half and columns 8j + 2(lane%4) (+1)
 			 * of each 8-column block j. It writes them into a unit in the copy engine's
 			 * 128-byte swizzle (the 16-byte chunk j of row r at chunk j ^ (r % 8): the
-			 * warp's 8 rows land in 8 different chunks, no bank conflicts), and one
-			 * thread stores the unit with the copy engine, which runs on while the next
-			 * unit is written. */
+			 * warp's 8 rows land in 8 different chunks, no bank conflicts), four pairs a
+			 * stmatrix (unit_row_), and one thread stores the unit with the copy engine,
+			 * which runs on while the next unit is written. */
 			if constexpr (EPI >= EPI_DGELU) {
-				/* the gradient over the pre-activation, in place (each thread reads and
-				 * writes the same 4 bytes: no barrier between); post into the GU
+				/* the gradient over the pre-activation, in place (a warp reads and
+				 * writes only its own 16 rows of a unit, and reads them all before it
+				 * writes: no barrier between); post into the GU
 				 * cycling units, one store group a unit, so the unit GU back is free
 				 * once at most GU - 1 groups still read */
 				mbar_wait_(&prebar[c], (local >> 1) & 1);
@@ -455,35 +478,56 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 					for (int h = 0; h < WM / 64; h++, unit++) {
 						unsigned char *u = pre + (h * (BN / 64) + b) * GM_UNIT;
 						unsigned char *v = units + (unit % GU) * GM_UNIT;
+						/* the unit's pre-activation, all of it before any store (in
+						 * place), four pairs an ldmatrix: [jj][e] = row half e of
+						 * 8-column block jj */
+						const uint32_t us = smem_u32_(u), vs = smem_u32_(v);
+						uint32_t px[8][2];
+#pragma unroll
+						for (int q = 0; q < 4; q++) {
+							uint32_t r4[4];
+							ldsm_x4_(unit_row_(us, warp, lane, 2 * q), r4);
+							px[2 * q][0] = r4[0], px[2 * q][1] = r4[1];
+							px[2 * q + 1][0] = r4[2], px[2 * q + 1][1] = r4[3];
+						}
 						if (EPI == EPI_DGELU_POST) {
 							if (t == 0)
 								bulk_wait_read_<GU - 1>();
 							wg_sync_(3 + c);
 						}
+						uint32_t dq[8][2], gq[8][2];
 #pragma unroll
 						for (int jj = 0; jj < 8; jj++) {
 							const int j = 8 * b + jj;
 #pragma unroll
 							for (int e = 0; e < 2; e++) {
-								const int off =
-									unit_off_(warp * 16 + lane / 4 + 8 * e, jj, lane);
-								const float2 x = __bfloat1622float2(
-									*reinterpret_cast<const __nv_bfloat162 *>(u + off));
+								const float2 x = unpack_bf16x2_(px[jj][e]);
 								float g0, g1;
 								const float d0 = ng_gelu_grad_value_f(x.x, &g0);
 								const float d1 = ng_gelu_grad_value_f(x.y, &g1);
-								const __nv_bfloat162 dp = __floats2bfloat162_rn(
-									d[h][4 * j + 2 * e] * d0,
-									d[h][4 * j + 2 * e + 1] * d1);
-								*reinterpret_cast<__nv_bfloat162 *>(u + off) = dp;
-								const float2 dr = __bfloat1622float2(dp);
+								dq[jj][e] = pack_bf16x2_(d[h][4 * j + 2 * e] * d0,
+											 d[h][4 * j + 2 * e + 1] * d1);
+								const float2 dr = unpack_bf16x2_(dq[jj][e]);
 								cs[jj][0] += dr.x; /* the stored values */
 								cs[jj][1] += dr.y;
 								if (EPI == EPI_DGELU_POST)
-									*reinterpret_cast<__nv_bfloat162 *>(v + off) =
-										__floats2bfloat162_rn(g0, g1);
+									gq[jj][e] = pack_bf16x2_(g0, g1);
 							}
 						}
+#pragma unroll
+						for (int q = 0; q < 4; q++) {
+							const uint32_t r4[4] = { dq[2 * q][0], dq[2 * q][1],
+										 dq[2 * q + 1][0], dq[2 * q + 1][1] };
+							stsm_x4_(unit_row_(us, warp, lane, 2 * q), r4);
+						}
+						if (EPI == EPI_DGELU_POST)
+#pragma unroll
+							for (int q = 0; q < 4; q++) {
+								const uint32_t r4[4] = { gq[2 * q][0], gq[2 * q][1],
+											 gq[2 * q + 1][0],
+											 gq[2 * q + 1][1] };
+								stsm_x4_(unit_row_(vs, warp, lane, 2 * q), r4);
+							}
 						fence_async_smem_();
 						wg_sync_(3 + c);
 						if (t == 0) {
@@ -548,21 +592,21 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 								bulk_wait_read_<C::UNITS - 1>();
 							wg_sync_(3 + c);
 #pragma unroll
-							for (int jj = 0; jj < 8; jj++) {
-								const int j = 8 * b + jj;
+							for (int q = 0; q < 4; q++) { /* blocks 2q, 2q + 1 */
+								uint32_t r4[4];
 #pragma unroll
-								for (int e = 0; e < 2; e++) {
-									const int r = warp * 16 + lane / 4 + 8 * e;
+								for (int m = 0; m < 4; m++) {
+									const int j = 8 * b + 2 * q + m / 2, e = m % 2;
 									float x0 = d[h][4 * j + 2 * e];
 									float x1 = d[h][4 * j + 2 * e + 1];
 									if (EPI == EPI_GELU && o == 1) {
 										x0 = ng_gelu_f(x0);
 										x1 = ng_gelu_f(x1);
 									}
-									*reinterpret_cast<__nv_bfloat162 *>(
-										u + unit_off_(r, jj, lane)) =
-										__floats2bfloat162_rn(x0, x1);
+									r4[m] = pack_bf16x2_(x0, x1);
 								}
+								stsm_x4_(unit_row_(smem_u32_(u), warp, lane, 2 * q),
+									 r4);
 							}
 							fence_async_smem_();
 							wg_sync_(3 + c);

@@ -62,8 +62,10 @@ extern "C" {
  * 3: the barriers no longer share shared memory with the first epilogue unit (session 26).
  * 4: DGELU's units in column-block order (its column sums, session 26).
  * 5: the wgmma descriptors made once a stage (session 29).
- * 6: the warpgroup index warp-uniform (descriptors in uniform registers, session 30). */
-#define NG_GEMM_SM90_REV 6
+ * 6: the warpgroup index warp-uniform (descriptors in uniform registers, session 30).
+ * 7: the epilogues move four pairs an ldmatrix / stmatrix; DGELU loads a unit before it
+ *    computes (session 31). */
+#define NG_GEMM_SM90_REV 7
 
 enum ng_gemm_tile {
 	NG_GEMM_TILE_128x128 = 0,
