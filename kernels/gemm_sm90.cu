@@ -27,9 +27,12 @@
  * The DGELU epilogues (ng_gemm_sm90_dgelu): at a tile's start one consumer thread waits until
  * its previous tile's stores have read their units, then has the copy engine load the tile's
  * pre-activation into 4 units (a 64 x 64 box each, the store's swizzle) on a barrier of its own,
- * while the mainloop runs; the epilogue waits on that barrier, reads each pair of
- * pre-activations where it will write the gradient (the same bytes, so no barrier between the
- * two), and stores the unit; post goes through 2 more units.
+ * while the mainloop runs; the epilogue waits on that barrier, reads a whole unit of
+ * pre-activations (ldmatrix) before it writes the gradient over them (stmatrix; a warp touches
+ * only its own rows, so no barrier between the two), and stores the unit; post goes through 2
+ * more units. Reading the whole unit first matters: with a load and a store a pair, the compiler
+ * kept each pair's load behind the previous pair's store, and the epilogue ran ~1.5x its
+ * mainloop's time (session 31).
  *
  * NG_GEMM_TILE_128x128_C2 pairs blocks in clusters of two that share W's tile: each loads half
  * of it and the copy engine multicasts it into both; a stage is then free only when both
