@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ng_config.h"
 #include "util/rng.h"
 
 /* \s spelled out as Unicode White_Space, which the reference implementation (Python's regex
@@ -254,6 +255,12 @@ static enum ng_status load_merges(struct ng_tokenizer *tok, const char *path, js
 	free(line);
 	fclose(f);
 	return st;
+}
+
+const char *ng_tokenizer_default_dir(void)
+{
+	const char *env = getenv("NG_GPT2_DIR");
+	return env && *env ? env : NG_GPT2_DIR_DEFAULT;
 }
 
 enum ng_status ng_tokenizer_load(struct ng_tokenizer *tok, const char *dir)

@@ -63,6 +63,10 @@ struct ng_bpe_cache {
 	const void *owner_;   /* the tokenizer the cached results belong to */
 };
 
+/* The vocabulary directory used when none is given: $NG_GPT2_DIR if set, else the GPT-2 files in
+ * the source tree (data/gpt2, its path fixed at build time). */
+const char *ng_tokenizer_default_dir(void);
+
 /* Load dir/encoder.json and dir/vocab.bpe. A missing or corrupt file is one error naming it. */
 enum ng_status ng_tokenizer_load(struct ng_tokenizer *tok, const char *dir);
 void ng_tokenizer_free(struct ng_tokenizer *tok);

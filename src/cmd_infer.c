@@ -46,10 +46,7 @@ static enum ng_status load_ckpt(const char *ckpt, struct ng_gpt_config *cfg, flo
 
 static const char *vocab_dir(const char *flag)
 {
-	if (flag)
-		return flag;
-	const char *env = getenv("NG_GPT2_DIR");
-	return env && *env ? env : "../shared/data/gpt2";
+	return flag ? flag : ng_tokenizer_default_dir();
 }
 
 /* --logits: int32 n_rows, V, n_seq; int32 tokens[n_seq] (prompt then samples); float32
@@ -91,7 +88,7 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 		  "sample among the K most likely tokens, 0 = all (40)", false },
 		{ "--seed", NG_FLAG_INT, &seed, 0, 9e18, "N", "sampling RNG (1337)", false },
 		{ "--vocab", NG_FLAG_STRING, &vocab, 0, 0, "DIR",
-		  "GPT-2 encoder.json + vocab.bpe (default $NG_GPT2_DIR or ../shared/data/gpt2)",
+		  "GPT-2 encoder.json + vocab.bpe (default $NG_GPT2_DIR, else the tree's data/gpt2)",
 		  false },
 		{ "--no-graph", NG_FLAG_BOOL, &no_graph, 0, 0, NULL,
 		  "launch each decode step's kernels eagerly instead of replaying the CUDA Graph",

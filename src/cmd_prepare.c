@@ -1,7 +1,7 @@
 /*
  * src/cmd_prepare.c — `nanograph prepare`: text files -> GPT-2 token shards.
  *
- *   nanograph prepare --vocab DIR --out DIR [--split whole|blank|LINE] [--val-tokens N]
+ *   nanograph prepare [--vocab DIR] --out DIR [--split whole|blank|LINE] [--val-tokens N]
  *                     [--shard-tokens N] FILE...
  *
  * Each file splits into documents (the whole file; runs of non-blank lines; or the text between
@@ -468,7 +468,8 @@ enum ng_status ng_cmd_prepare(int argc, char **argv)
 	struct prepare_args a = { .split = "whole", .val_tokens = 0, .shard_tokens = 100000000 };
 	struct ng_flag flags[] = {
 		{ "--vocab", NG_FLAG_STRING, &a.vocab, 0, 0, "DIR",
-		  "directory with GPT-2's encoder.json and vocab.bpe (required)", false },
+		  "directory with GPT-2's encoder.json and vocab.bpe (default $NG_GPT2_DIR, else the "
+		  "tree's data/gpt2)", false },
 		{ "--out", NG_FLAG_STRING, &a.out, 0, 0, "DIR",
 		  "output directory for val_*.bin and train_*.bin (created if missing; required)",
 		  false },
@@ -482,7 +483,7 @@ enum ng_status ng_cmd_prepare(int argc, char **argv)
 	};
 	struct ng_command_spec spec = {
 		"prepare", "turn text files into GPT-2 token shards (every document starts with "
-		"<|endoftext|>)", "--vocab DIR --out DIR [--split whole|blank|LINE] [--val-tokens N] "
+		"<|endoftext|>)", "[--vocab DIR] --out DIR [--split whole|blank|LINE] [--val-tokens N] "
 		"[--shard-tokens N] FILE...", flags, (int)(sizeof(flags) / sizeof(flags[0])),
 		MAX_FILES
 	};
@@ -492,10 +493,10 @@ enum ng_status ng_cmd_prepare(int argc, char **argv)
 	enum ng_status st = ng_cli_parse(&spec, argc, argv, files, &nfiles, &help);
 	if (st || help)
 		return st;
-	if (!a.vocab || !a.out || nfiles == 0) {
-		ng_fail(NG_ERR_INPUT, "prepare: %s", !a.vocab ? "--vocab DIR is required"
-			: !a.out ? "--out DIR is required" : "no input FILE given");
-		ng_hint("nanograph prepare --vocab DIR --out DIR FILE...");
+	if (!a.out || nfiles == 0) {
+		ng_fail(NG_ERR_INPUT, "prepare: %s", !a.out ? "--out DIR is required"
+			: "no input FILE given");
+		ng_hint("nanograph prepare --out DIR FILE...");
 		return NG_ERR_INPUT;
 	}
 	enum split_mode mode = strcmp(a.split, "whole") == 0 ? SPLIT_WHOLE
@@ -515,7 +516,7 @@ enum ng_status ng_cmd_prepare(int argc, char **argv)
 		bar.total += (size_t)sb.st_size;
 	}
 	struct ng_tokenizer tok;
-	st = ng_tokenizer_load(&tok, a.vocab);
+	st = ng_tokenizer_load(&tok, a.vocab ? a.vocab : ng_tokenizer_default_dir());
 	if (st)
 		return st;
 	double t_vocab = now_s() - bar.t0; /* one-time cost, reported apart from the text rate */

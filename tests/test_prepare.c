@@ -16,6 +16,7 @@
 
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "ng_config.h"
 #include "src/commands.h"
 #include "util/rng.h"
 
@@ -26,11 +27,7 @@ static uint64_t seed;
 
 static void setup(void)
 {
-	struct stat st;
-	vocab = stat("../shared/data/gpt2/encoder.json", &st) == 0 ? "../shared/data/gpt2"
-								     : getenv("NG_GPT2_DIR");
-	if (!vocab || !vocab[0])
-		cr_skip_test("no GPT-2 vocabulary: neither ../shared/data/gpt2 nor $NG_GPT2_DIR");
+	vocab = NG_GPT2_DIR_DEFAULT; /* the tree's own vocabulary: never skipped */
 	cr_assert_eq(ng_tokenizer_load(&tok, vocab), NG_OK, "%s", ng_error_message());
 	snprintf(dir, sizeof(dir), "/tmp/ng_prepare_XXXXXX");
 	cr_assert(mkdtemp(dir));
@@ -109,6 +106,19 @@ static void expect_stream(const char *out, const char **docs, int ndocs, size_t 
 	free(want.data);
 	free(v.data);
 	free(t.data);
+}
+
+/* Without --vocab, prepare reads the tree's GPT-2 files. */
+Test(prepare, default_vocabulary)
+{
+	char a[128], out[128];
+	snprintf(a, sizeof(a), "%s/a.txt", dir);
+	snprintf(out, sizeof(out), "%s/out", dir);
+	write_text(a, "Hello world.\n", 13);
+	const char *docs[] = { "Hello world.\n" };
+	const char *args[] = { "prepare", "--out", out, a, NULL };
+	cr_assert_eq(run(args), NG_OK, "%s", ng_error_message());
+	expect_stream(out, docs, 1, 0, 100000000);
 }
 
 Test(prepare, split_modes_val_and_shards)
@@ -248,8 +258,8 @@ Test(prepare, bad_input_leaves_output_alone)
 	expect_bad(a5, "--val-tokens", sentinel);
 	const char *a6[] = { "prepare", "--vocab", vocab, "--out", out, NULL };
 	expect_bad(a6, "no input FILE", sentinel);
-	const char *a7[] = { "prepare", "--out", out, good, NULL };
-	expect_bad(a7, "--vocab", sentinel);
+	const char *a7[] = { "prepare", good, NULL };
+	expect_bad(a7, "--out", sentinel);
 	const char *a8[] = { "prepare", "--vocab", vocab, "--out", out, "--shard-tokens", "0",
 			     good, NULL };
 	expect_bad(a8, "--shard-tokens", sentinel);

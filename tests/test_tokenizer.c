@@ -1,9 +1,9 @@
 /*
  * tests/test_tokenizer.c — the GPT-2 BPE tokenizer: exact encodings of
- * ../shared/data/gpt2/encode_cases.json, decode(encode(x)) == x for random bytes (invalid UTF-8
+ * data/gpt2/encode_cases.json, decode(encode(x)) == x for random bytes (invalid UTF-8
  * included), long words, cache on/off agreement, and missing / corrupt vocabulary files.
- * The vocabulary comes from ../shared/data/gpt2 (relative to the project root, where meson runs
- * the tests) or $NG_GPT2_DIR; without either the tests are skipped, saying so.
+ * The vocabulary is the tree's own data/gpt2 (its path fixed at build time, so the tests run
+ * from any directory and never skip).
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -15,24 +15,17 @@
 #include <unistd.h>
 
 #include "data/tokenizer.h"
+#include "ng_config.h"
 #include "util/rng.h"
 
-static const char *gpt2_dir(void)
-{
-	struct stat st;
-	if (stat("../shared/data/gpt2/encoder.json", &st) == 0)
-		return "../shared/data/gpt2";
-	const char *env = getenv("NG_GPT2_DIR");
-	return env && env[0] ? env : NULL;
-}
+/* The vocabulary in the tree, always there: these tests never skip. */
+static const char *gpt2_dir(void) { return NG_GPT2_DIR_DEFAULT; }
 
 static struct ng_tokenizer tok;
 
 static void load(void)
 {
 	const char *dir = gpt2_dir();
-	if (!dir)
-		cr_skip_test("no GPT-2 vocabulary: neither ../shared/data/gpt2 nor $NG_GPT2_DIR");
 	ng_clear_error();
 	cr_assert_eq(ng_tokenizer_load(&tok, dir), NG_OK, "load %s: %s", dir, ng_error_message());
 }
@@ -205,8 +198,6 @@ static void expect_load_error(const char *dir, const char *needle)
 Test(tokenizer_files, missing_and_corrupt)
 {
 	const char *src = gpt2_dir();
-	if (!src)
-		cr_skip_test("no GPT-2 vocabulary: neither ../shared/data/gpt2 nor $NG_GPT2_DIR");
 	char dir[] = "/tmp/ng_tok_XXXXXX", a[4200], b[4200], cmd[9000];
 	cr_assert(mkdtemp(dir));
 	snprintf(a, sizeof(a), "%s/encoder.json", dir);
