@@ -1,8 +1,8 @@
 /*
  * alloc/planner.h — the static arena planner: intervals in (size, first op, last op), offsets
  * out, so that no two intervals alive at the same op overlap in memory and the arena is small.
- * Pure C (no CUDA, nothing of the project but util/). Why: DESIGN.md "Memory" — one arena for
- * the whole run, every tensor placed once.
+ * Pure C (no CUDA, nothing of the project but util/). Why: docs/DESIGN.md "Memory" — one arena
+ * for the whole run, every tensor placed once.
  *
  * Lifetimes are closed ranges of op indices [first, last]: two intervals conflict when their
  * ranges intersect. Sizes are rounded up to the alignment before placing; offsets are multiples

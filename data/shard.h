@@ -1,5 +1,5 @@
 /*
- * data/shard.h — token shards in the llm.c / modded-nanogpt format (DESIGN.md "Data"):
+ * data/shard.h — token shards in the llm.c / modded-nanogpt format (docs/DESIGN.md "Data"):
  *   header: 256 int32, [0] = 20240520 (magic), [1] = 1 (version), [2] = token count N
  *   body:   N uint16 tokens (little-endian, as every machine we run on)
  * so a valid file is exactly 1024 + 2*N bytes. Reading maps the file read-only and validates all

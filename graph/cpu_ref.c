@@ -1,7 +1,7 @@
 /*
  * graph/cpu_ref.c — the CPU reference GPT-2 (see cpu_ref.h): one arena of doubles holding
  * params, grads, AdamW moments, activations and backward scratch; forward, backward and AdamW
- * composed from the ops of graph/cpu_ops.c in the order of DESIGN.md's step.
+ * composed from the ops of graph/cpu_ops.c in the order of docs/DESIGN.md's step.
  */
 #include "graph/cpu_ref.h"
 

@@ -1,10 +1,11 @@
 /*
- * graph/cpu_ref.h — the whole GPT-2 training step on the CPU, in double precision: forward,
- * loss, backward, gradient norm, clipping and AdamW. It is rung 1 of the verification ladder
- * (DESIGN.md): checked by finite differences, then used as the oracle for the GPU step on tiny
- * models. Built only from graph/cpu_ops.h; parameter layout, names and init from graph/gpt.h.
+ * graph/cpu_ref.h — the whole GPT-2 training step on the CPU, in double precision: forward, loss,
+ * backward, gradient norm, clipping and AdamW. It is rung 1 of the verification ladder
+ * (docs/DESIGN.md): checked by finite differences, then used as the oracle for the GPU step on
+ * tiny models. Built only from graph/cpu_ops.h; parameter layout, names and init from
+ * graph/gpt.h.
  *
- * The model is exactly DESIGN.md's: pre-LN blocks
+ * The model is exactly docs/DESIGN.md's: pre-LN blocks
  *   x = wte[tok] + wpe[t]
  *   x = x + attproj(attention(qkv(ln1(x))));  x = x + fcproj(gelu(fc(ln2(x))))     (L times)
  *   logits (B*T, Vp) = lnf(x) @ wte^T;  loss = mean cross-entropy over the first V columns.

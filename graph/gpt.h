@@ -66,7 +66,8 @@ void ng_gpt_layout(const struct ng_gpt_config *cfg, struct ng_gpt_layout *lay);
 /* Seeded init into params (lay->total floats). Same seed, same bits, on every machine. */
 void ng_gpt_init(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *lay, uint64_t seed,
 		 float *params);
-/* Training FLOPs per token by the GPU.md convention: 6*N + 6*L*C*T (N counts the padded wte). */
+/* Training FLOPs per token by the convention of docs/GPU.md: 6*N + 6*L*C*T (N counts the padded
+ * wte). */
 double ng_gpt_flops_per_token(const struct ng_gpt_config *cfg, int T);
 
 #endif

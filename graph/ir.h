@@ -3,7 +3,7 @@
  * (kind, input and output tensor indices, attributes). A graph is the whole step known ahead:
  * graph/step.c builds it from a model + batch configuration, alloc/planner.c places every
  * non-persistent tensor in one arena, the GPU executor enqueues the ops in order, graph/dump.c
- * draws it. Why: DESIGN.md "Plan" — every size and lifetime is known before the first step.
+ * draws it. Why: docs/DESIGN.md "Plan" — every size and lifetime is known before the first step.
  *
  * Memory: ONE arena. Persistent tensors (the flat parameter buffers of graph/gpt.h's layout and
  * the step state) sit first, at offsets [0, persistent_bytes), never reused. Every other tensor
@@ -90,7 +90,7 @@
  *   TRANSPOSE_W       in: params_bf16. out: wt (L, IC, OC) bf16, every layer's W^T of `which`
  *                     (FCPROJ: what an own MATMUL_DINP reads). param = {W, -1}. At the start
  *                     of each micro-batch's backward: read right after its transpose, W^T made
- *                     our GEMM ~10% slower (BENCHMARKS.md, session 26).
+ *                     our GEMM ~10% slower (BENCHMARKS.md).
  *   ENCODER_BWD       in: dx (B, T, C) bf16, sorted (ENCODER_SORT's), inputs (only to keep
  *                     ENCODER_SORT's input live until this join). out: grads.
  *                     param = {WTE, WPE}.
@@ -111,7 +111,8 @@
  *                     with its own current scale) [, params_fp8t: W^T of the fp8 dinp kinds,
  *                     same scales].
  *
- * References: DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op order.
+ * References: docs/DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op
+ * order.
  */
 #ifndef NG_GRAPH_IR_H
 #define NG_GRAPH_IR_H

@@ -2,7 +2,7 @@
  * graph/step.h — the builder: turns a model + batch configuration into the complete step as an
  * IR graph (graph/ir.h), with every tensor's lifetime and arena offset planned.
  *
- * Training step, in order (DESIGN.md "The step, in order"):
+ * Training step, in order (docs/DESIGN.md "The step, in order"):
  *   TOKENS_H2D once; ZERO grads; for each of K micro-batches: TOKENS_SPLIT, the forward
  *   (encoder, L blocks, final LayerNorm), the classifier (per chunk of head_chunk_rows rows:
  *   MATMUL_FWD HEAD -> CROSSENTROPY -> MATMUL_DINP HEAD -> MATMUL_DW HEAD, so the logits exist

@@ -5,7 +5,7 @@
  * Two backends:
  *   - cuDNN flash attention described through the backend API of cudnn_graph.h (plain C, no
  *     cudnn-frontend): a graph of matmul/pointwise/reduction ops that cuDNN's heuristics turn
- *     into a fused engine (kernels/attention_cudnn.c; facts in shared/notes/cudnn-sdpa.md);
+ *     into a fused engine (kernels/attention_cudnn.c; facts in docs/GPU.md);
  *   - a plain CUDA implementation, one warp per query (or key) row with an online softmax:
  *     correct for every shape up to D = 256, deterministic, slower (kernels/attention_naive.cu).
  * Every choice (backend per direction, engine, workspace sizes, why a fallback was taken) is made

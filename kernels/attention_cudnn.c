@@ -6,7 +6,7 @@
  * cuDNN (before 9.21) has no fused causal-attention op we can use; instead we describe attention
  * as a graph of matmul, pointwise and reduction ops, and its heuristics hand back a fused
  * flash-attention engine — the same graphs cudnn-frontend builds for SDPA. The graphs, attribute
- * choices and pitfalls are in shared/notes/cudnn-sdpa.md; in brief:
+ * choices and pitfalls are in docs/GPU.md; in brief:
  *   forward (14 ops):  S = Q Kᵀ · scale, causal mask (GEN_INDEX, CMP_GE, BINARY_SELECT with
  *     -inf), M = max, E = exp(S - M), Sum = ΣE, Stats = M + log Sum, P = E / Sum (bf16), O = P V
  *   backward (22 ops, 21 deterministic): softmax_sum = Σ dO·O; P = exp(mask(Q Kᵀ · scale -
@@ -525,9 +525,9 @@ enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int 
 		if (try_cudnn(att, &att->fwd, 0))
 			att->fwd_backend = NG_ATTENTION_BACKEND_CUDNN;
 		/* cuDNN <= 9.15.0 backward reads out of bounds under graph replay when T is not a
-		 * multiple of 128 (shared/notes/cudnn-sdpa.md). Like cudnn-frontend, describe the
-		 * sequences as padded (lengths all T): a padding mask and GEMM size overrides. If
-		 * that has no engine, the naive backward runs. */
+		 * multiple of 128 (docs/GPU.md). Like cudnn-frontend, describe the sequences as
+		 * padded (lengths all T): a padding mask and GEMM size overrides. If that has no
+		 * engine, the naive backward runs. */
 		att->bwd_seqlen = att->cudnn_version < 91501 && T % 128;
 		if (try_cudnn(att, &att->bwd, 1))
 			att->bwd_backend = NG_ATTENTION_BACKEND_CUDNN;

@@ -1,8 +1,8 @@
 /*
- * kernels/check.h — one checker for every CUDA, cuBLASLt and cuDNN status (STYLE.md: "one error
- * macro family built on a single generic checker"). Each macro evaluates the call and returns an
- * enum ng_status; on failure it records "<statement> failed at file:line: <library message>
- * (while running <node>)" through ng_fail. No control flow is hidden: callers write
+ * kernels/check.h — one checker for every CUDA, cuBLASLt and cuDNN status (docs/CONTRIBUTING.md:
+ * "one error macro family built on a single generic checker"). Each macro evaluates the call and
+ * returns an enum ng_status; on failure it records "<statement> failed at file:line: <library
+ * message> (while running <node>)" through ng_fail. No control flow is hidden: callers write
  *     if (NG_CUDA_CHECK(cudaMemsetAsync(p, 0, n, s))) return NG_ERR_RUNTIME;
  * The step executor names the node it is running with ng_check_set_node(), so an error inside a
  * 400-node step says which node failed.

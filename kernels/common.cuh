@@ -146,8 +146,8 @@ static inline int ng_aligned16_(const void *p) { return ((uintptr_t)p & 15u) == 
  * The constants are folded so that an element costs few FP32 operations besides its two MUFU
  * ones (ex2 and the approximate reciprocal): 2u log2(e) = x (GELU_E1 + GELU_E2 x^2), so
  * sp = 1 / (1 + 2^(-x (GELU_E1 + GELU_E2 x^2))), and d(2u)/dx = GELU_D1 + GELU_D2 x^2. The
- * epilogue of our GEMM measured 6% faster with them at d24's fc shape (BENCHMARKS.md, session
- * 24); the approximate ex2 and reciprocal are within 2 ulp in fp32, far below bf16's rounding. */
+ * epilogue of our GEMM measured 6% faster with them at d24's fc shape (BENCHMARKS.md); the
+ * approximate ex2 and reciprocal are within 2 ulp in fp32, far below bf16's rounding. */
 #define GELU_E1 2.302208198144325f   /* 2 sqrt(2/pi) log2(e) */
 #define GELU_E2 0.1029432395800235f  /* GELU_E1 0.044715 */
 #define GELU_D1 1.5957691216057308f  /* 2 sqrt(2/pi) */

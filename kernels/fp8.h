@@ -2,7 +2,7 @@
  * kernels/fp8.h — inputs for cuBLASLt's FP8 matmuls (kernels/matmul.h, spec.fp8): the per-tensor
  * absolute maximum of a bf16 tensor, the scale that maps it onto E4M3's range, and the scaled,
  * saturating cast to E4M3. Scales and maxima live in device memory, so a replayed graph sees the
- * values of its own step (DESIGN.md: no per-step host scalars).
+ * values of its own step (docs/DESIGN.md: no per-step host scalars).
  *
  * E4M3 (OCP FP8): 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest finite 448, smallest
  * normal 2^-6, subnormal step 2^-9; no infinities (S.1111.111 is NaN). The cast multiplies in

@@ -10,8 +10,8 @@
 typedef uint16_t ng_bf16; /* bfloat16 bits */
 
 /* The per-step scalars, in device memory. Kernels inside the captured graph read and write them,
- * so a replay sees this step's values (DESIGN.md: a value passed as a kernel argument is frozen
- * into the graph at capture). */
+ * so a replay sees this step's values (docs/DESIGN.md: a value passed as a kernel argument is
+ * frozen into the graph at capture). */
 struct ng_step_state {
 	int step;          /* optimizer steps completed so far (0 before the first update) */
 	int skipped;       /* 1 when this step's update is skipped (non-finite loss or grad norm) */

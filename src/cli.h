@@ -1,8 +1,8 @@
 /*
  * src/cli.h — the table-driven flag parser every subcommand uses, and the shared [model] [batch]
- * flags of the DESIGN.md contract. One table per command gives each flag's name, type, range and
- * help; the parser rejects unknown flags, missing values and out-of-range values with one line
- * naming the flag (status NG_ERR_INPUT, exit 2), and prints the table for --help.
+ * flags of the docs/DESIGN.md contract. One table per command gives each flag's name, type, range
+ * and help; the parser rejects unknown flags, missing values and out-of-range values with one
+ * line naming the flag (status NG_ERR_INPUT, exit 2), and prints the table for --help.
  */
 #ifndef NG_SRC_CLI_H
 #define NG_SRC_CLI_H

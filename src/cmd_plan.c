@@ -5,8 +5,8 @@
  * the executor will allocate.
  *
  * plan prints parameters, gradients, optimizer state, activations and workspaces (live at the
- * peak op), the arena, its lower bound and the total, and the ten largest planned tensors;
- * --json prints one object with DESIGN.md's fields. --gpu-mem GIB fails, with the numbers and a
+ * peak op), the arena, its lower bound and the total, and the ten largest planned tensors; --json
+ * prints one object with docs/DESIGN.md's fields. --gpu-mem GIB fails, with the numbers and a
  * hint, when the total does not fit (exit 2).
  */
 #include <stdio.h>

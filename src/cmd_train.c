@@ -1,6 +1,6 @@
 /*
- * src/cmd_train.c — `nanograph train`: flags of the DESIGN.md contract into ng_train_opts, the
- * backend chosen by --device, then the shared loop (train.c).
+ * src/cmd_train.c — `nanograph train`: flags of the docs/DESIGN.md contract into ng_train_opts,
+ * the backend chosen by --device, then the shared loop (train.c).
  */
 #include <stdio.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * tests/kernel_testing.h — helpers shared by the kernel-family tests (test_encoder.c,
  * test_layernorm.c, test_elementwise.c, test_loss.c, test_optim.c, test_fp8.c, test_matmul.c):
  * bf16 <-> float, fresh seeds, random bf16 fills, device upload/download, and the comparisons
- * STYLE.md asks for.
+ * docs/CONTRIBUTING.md asks for.
  *
  * Header-only (static functions) on purpose: tests/meson.build builds each test from its one .c
  * file, and these helpers are test-only. Every comparison reports max abs err, max rel err and

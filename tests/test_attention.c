@@ -2,9 +2,10 @@
  * tests/test_attention.c — causal attention (kernels/attention.h), both backends, against the
  * double-precision reference of graph/cpu_ops.h.
  *
- * Tolerance: the FlashAttention rule of STYLE.md. Next to the kernel we run a naive bf16
- * computation on the CPU (what PyTorch's bf16 math path does: every matmul output, the scaled
- * scores, the probabilities and the gradients rounded to bf16, fp32 accumulation) and require
+ * Tolerance: the FlashAttention rule of docs/CONTRIBUTING.md. Next to the kernel we run a naive
+ * bf16 computation on the CPU (what PyTorch's bf16 math path does: every matmul output, the
+ * scaled scores, the probabilities and the gradients rounded to bf16, fp32 accumulation) and
+ * require
  *     max|kernel - fp64| <= 2 * max|naive bf16 - fp64| + atol,
  * atol = one bf16 ulp at the largest reference magnitude (2^-8 * max|ref|) for bf16 outputs and
  * 1e-5 * max(1, max|ref|) for the fp32 log-sum-exp.
@@ -295,7 +296,7 @@ ParameterizedTest(struct acase *c, attention, matches_reference, .timeout = 300)
 
 	check_rule("out", out_g, out_l, out_r, n_o, 0x1p-8, 0.0, ctx);
 	check_rule("lse", lse, lse_l, lse_r, n_l, 1e-5, 1e-5, ctx);
-	double se = 0.0, ss = 0.0; /* fp32 output: also NMSE <= 1e-7 (STYLE.md) */
+	double se = 0.0, ss = 0.0; /* fp32 output: also NMSE <= 1e-7 (docs/CONTRIBUTING.md) */
 	for (size_t i = 0; i < n_l; i++)
 		se += (lse[i] - lse_r[i]) * (lse[i] - lse_r[i]), ss += lse_r[i] * lse_r[i];
 	cr_expect(se <= 1e-7 * ss, "%s lse: NMSE %.3e > 1e-7", ctx, se / ss);

@@ -1,7 +1,7 @@
 /*
- * tests/test_cli.c — the command-line contract of DESIGN.md: bad usage is one line and exit 2,
- * --help and --version work, impossible models are refused with the reason, no GPU means exit 1
- * with a hint, and `train --device cpu --model tiny` cuts the loss by >= 30% in 200 steps.
+ * tests/test_cli.c — the command-line contract of docs/DESIGN.md: bad usage is one line and exit
+ * 2, --help and --version work, impossible models are refused with the reason, no GPU means exit
+ * 1 with a hint, and `train --device cpu --model tiny` cuts the loss by >= 30% in 200 steps.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>

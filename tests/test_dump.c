@@ -3,7 +3,7 @@
  * (src/cmd_plan.c): `dot -Tsvg` renders step.dot (when graphviz is installed), xmllint accepts
  * arena.svg (when installed), every planned tensor is drawn once with the planner's bytes,
  * offset and lifetime and at the height and position those imply, the DOT has one node per op,
- * and `nanograph plan --json` prints DESIGN.md's fields equal to the builder's numbers; an
+ * and `nanograph plan --json` prints docs/DESIGN.md's fields equal to the builder's numbers; an
  * impossible --gpu-mem is exit 2 with the numbers. Random small shapes and options each run;
  * the seed is in every message.
  */

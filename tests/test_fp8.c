@@ -8,12 +8,12 @@
  * saturated (|x * scale| > 448), subnormal (< 2^-6) and zero cases; n is not a multiple of 8 (the
  * scalar tail) and the input sits 16 bytes past an allocation.
  *
- * Matmul tolerance (STYLE.md, the FlashAttention rule, as tests/test_matmul.c): err(GPU vs fp64)
- * <= 2 x err(naive vs fp64) + atol, where the fp64 reference and the naive fp32 loop take the
- * same decoded E4M3 inputs (their products are exact in fp32) and the naive result is rounded
- * to bf16 like the GPU's; atol is 2^-10 of the largest |reference|. Shapes: IC = 784 = 16 x 49,
- * the MLP widths, N = 1 and an odd N, the padded vocabulary 50304. Fresh inputs each run (seed
- * printed on failure). Skipped without a GPU; an fp8 plan on a GPU without FP8 (sm_80) is
+ * Matmul tolerance (docs/CONTRIBUTING.md, the FlashAttention rule, as tests/test_matmul.c):
+ * err(GPU vs fp64) <= 2 x err(naive vs fp64) + atol, where the fp64 reference and the naive fp32
+ * loop take the same decoded E4M3 inputs (their products are exact in fp32) and the naive result
+ * is rounded to bf16 like the GPU's; atol is 2^-10 of the largest |reference|. Shapes: IC = 784 =
+ * 16 x 49, the MLP widths, N = 1 and an odd N, the padded vocabulary 50304. Fresh inputs each run
+ * (seed printed on failure). Skipped without a GPU; an fp8 plan on a GPU without FP8 (sm_80) is
  * expected to fail cleanly, which the matmul cases report as a skip.
  */
 #include <criterion/criterion.h>

@@ -2,10 +2,11 @@
  * tests/test_gemm_sm90.c — our Hopper GEMM (kernels/gemm_sm90.h) against the double reference
  * of graph/cpu_ops.h (the tanh GELU of ng_ref_gelu_fwd), on fresh random inputs.
  *
- * Tolerance, as tests/test_matmul.c (STYLE.md, the FlashAttention rule): err(GPU vs fp64) <=
- * 2 * err(naive vs fp64) + atol, where naive is the plain fp32 loop over the same bf16 inputs,
- * rounded to bf16 as the GPU's outputs are; atol is 2^-10 of the largest |reference| (a quarter
- * of a bf16 ulp there). Both outputs are checked: aux (the pre-activation) and out (its GELU).
+ * Tolerance, as tests/test_matmul.c (docs/CONTRIBUTING.md, the FlashAttention rule): err(GPU vs
+ * fp64) <= 2 * err(naive vs fp64) + atol, where naive is the plain fp32 loop over the same bf16
+ * inputs, rounded to bf16 as the GPU's outputs are; atol is 2^-10 of the largest |reference| (a
+ * quarter of a bf16 ulp there). Both outputs are checked: aux (the pre-activation) and out (its
+ * GELU).
  *
  * Shapes: edges in every dimension (M = 1, 300; N = 3104 = 4 x 776, not a multiple of either
  * tile's width; K = 776, not a multiple of the 64 of a stage), both tiles, with and without bias

@@ -2,11 +2,11 @@
  * tests/test_matmul.c — the cuBLASLt matmul plans (kernels/matmul.h) against the double
  * reference of graph/cpu_ops.h (ng_ref_matmul_fwd/bwd, ng_ref_gelu_fwd/bwd).
  *
- * Tolerance (STYLE.md, the FlashAttention rule): err(GPU vs fp64) <= 2 * err(naive vs fp64) +
- * atol, where "naive" is the plain CPU loop over the same bf16-rounded inputs in fp32 (and its
- * result rounded to bf16 where the GPU output is bf16), and the fp64 reference uses the same
- * bf16-rounded inputs. atol: 2^-10 of the largest |reference| for bf16 outputs (a quarter of a
- * bf16 ulp there), 1e-6 of it for fp32 outputs.
+ * Tolerance (docs/CONTRIBUTING.md, the FlashAttention rule): err(GPU vs fp64) <= 2 * err(naive vs
+ * fp64) + atol, where "naive" is the plain CPU loop over the same bf16-rounded inputs in fp32
+ * (and its result rounded to bf16 where the GPU output is bf16), and the fp64 reference uses the
+ * same bf16-rounded inputs. atol: 2^-10 of the largest |reference| for bf16 outputs (a quarter of
+ * a bf16 ulp there), 1e-6 of it for fp32 outputs.
  *
  * Shapes: N = 1 (B = T = 1), C = 776 = 8 x 97 (odd multiple of 8), the MLP width 4C = 3104,
  * the padded vocabulary Vp = 50304 (tied head), large-mean inputs, pointers offset by 16 bytes,

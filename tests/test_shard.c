@@ -1,7 +1,8 @@
 /*
  * tests/test_shard.c — the shard format: write/read round trip of random tokens, and every bad
- * file of issue 3 (missing, wrong magic, wrong version, truncated, header count larger than the
- * file, trailing bytes, a token >= vocab with its offset) gives one line naming the file.
+ * file the reader refuses (missing, wrong magic, wrong version, truncated, header count larger
+ * than the file, trailing bytes, a token >= vocab with its offset) gives one line naming the
+ * file.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>

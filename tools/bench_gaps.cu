@@ -8,7 +8,7 @@
  *   - the same with PDL (each kernel waits with griddepcontrol.wait, sm_90 and later);
  *   - kernels that spin ~SPIN_US on every SM, against one kernel that spins N times as long:
  *     the difference over N is what a boundary costs between busy kernels.
- * Usage: bench_gaps [N] (default 469, the d24 step's op count in session 27).
+ * Usage: bench_gaps [N] (default 469, about the op count of a d24 step).
  */
 #include <cuda_runtime.h>
 #include <stdio.h>

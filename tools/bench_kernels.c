@@ -6,7 +6,7 @@
  * Method: CUDA events around each launch, 3 warm-ups, the median of 21 timed launches; inputs
  * rotate over enough copies that each launch's working set exceeds 256 MB (L2 is 60 MB), so the
  * figures are HBM figures. Bytes are the minimum traffic of the operation (each input read once,
- * each output written once), so "% of 4.28 TB/s" is against the copy bandwidth of GPU.md;
+ * each output written once), so "% of 4.28 TB/s" is against the copy bandwidth of docs/GPU.md;
  * encoder_bwd gets a second line counting what its sort-based implementation moves, and two more
  * with real-text-like tokens: Zipfian (p(rank r) ~ 1/r over V, so ',' and ' the'-like tokens
  * fill thousands of rows) and every token equal (the executor's warm-up batch).

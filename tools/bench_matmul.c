@@ -6,10 +6,10 @@
  * the wrapper (ng_matmul_run) and the same cuBLASLt call(s) made directly (same descriptor,
  * layouts, algorithm, buffers and workspace; plus the same bias-gradient call after it),
  * alternating launch by launch, each launch bracketed by CUDA events, the launches back to back
- * (no host sync between them, as in a replayed graph). It prints
- * the median ms, TFLOP/s, the wrapper/direct ratio (issue 5's target: <= 1.05), the per-step
- * GEMM total, and what the BGRADB bias gradient costs next to a separate column-sum kernel
- * estimated at the 4.28 TB/s copy bandwidth of ../shared/GPU.md.
+ * (no host sync between them, as in a replayed graph). It prints the median ms, TFLOP/s, the
+ * wrapper/direct ratio (the wrapper's target: <= 1.05), the per-step GEMM total, and what the
+ * BGRADB bias gradient costs next to a separate column-sum kernel estimated at the 4.28 TB/s copy
+ * bandwidth of docs/GPU.md.
  *
  * Usage: bench_matmul [--sustained | --algos] [reps] [d12|d24|d48 ...]   (default 30 launches
  *        of each, wrapper and direct; d12 and d48 unless sizes are named; d24 is B=32, C=1024, L=24)
@@ -513,7 +513,8 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 	       worst_ratio);
 
 	/* FP8 (E4M3 inputs, bf16 out, same epilogue) against bf16, forward shapes, heuristic's
-	 * algorithm: what an FP8 forward would buy (GPU.md: 1.45-1.68x with torch._scaled_mm). */
+	 * algorithm: what an FP8 forward would buy (docs/GPU.md: 1.45-1.68x with
+	 * torch._scaled_mm). */
 	double fp8_ms = 0, bf16_ms = 0;
 	for (int i = 0; i < nm; i++) {
 		if (mms[i].s.kind != NG_MATMUL_FWD)

@@ -2,7 +2,7 @@
  * tools/bench_sustained.h — one definition of "sustained" timing for the bench tools: a kernel
  * (or any launch sequence) timed with the GPU held busy, as the autotune ranks candidates.
  * On the H200 the step runs at the 700 W power cap, so a short burst at the idle clock ranks
- * kernels differently from the step (BENCHMARKS.md, session 17).
+ * kernels differently from the step (BENCHMARKS.md).
  *
  * ng_time_sustained(): ~150 ms of launches back to back to reach the power-limited clock, then
  * ~150 ms of launches between two events; *ms is the time a launch. est_ms sizes the batches
@@ -21,7 +21,7 @@
  * driver loaded, device 0), through dlopen so that no build links the driver's library. 0 and
  * *mj set when it can be read; -1 where there is no NVML or no counter (then every caller
  * prints times only). The step runs at the power cap, where its time is its energy: a kernel
- * that spends less energy is what shortens it (BENCHMARKS.md, sessions 24-26). */
+ * that spends less energy is what shortens it (BENCHMARKS.md). */
 static inline int ng_energy_mj(unsigned long long *mj)
 {
 	typedef int (*init_fn)(void);

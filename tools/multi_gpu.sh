@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/multi_gpu.sh [STEPS] — on a machine with 2 GPUs: the data-parallel checks of issue 9.
+# tools/multi_gpu.sh [STEPS] — on a machine with 2 GPUs: the data-parallel checks.
 #   1. tests/test_dist (NCCL collectives between two forked ranks, and a one-rank communicator);
 #   2. d12, synthetic corpus, the same 64*2*1024 tokens per step three ways:
 #      1 GPU B=64 K=2 through the NCCL path (--world 1), 2 GPUs B=64 each (--world 2, the file

@@ -1,11 +1,11 @@
 /*
  * util/status.h — how every module reports failure.
  *
- * A function that can fail returns an enum ng_status. On failure it first records ONE line
- * naming the problem (and, optionally, a hint) with ng_fail(); the caller passes the status up
- * unchanged, and main() prints the line and exits with the status as the exit code (DESIGN.md:
- * 0 success, 1 runtime failure, 2 bad usage or bad input). Nothing below main() prints errors or
- * exits; that is what keeps "one clear line, no crash" true everywhere.
+ * A function that can fail returns an enum ng_status. On failure it first records ONE line naming
+ * the problem (and, optionally, a hint) with ng_fail(); the caller passes the status up
+ * unchanged, and main() prints the line and exits with the status as the exit code
+ * (docs/DESIGN.md: 0 success, 1 runtime failure, 2 bad usage or bad input). Nothing below main()
+ * prints errors or exits; that is what keeps "one clear line, no crash" true everywhere.
  */
 #ifndef NG_UTIL_STATUS_H
 #define NG_UTIL_STATUS_H

@@ -3,7 +3,7 @@
 padded vocabulary, loss over the first V columns), the same parameter layout and initial
 weights (read from a flat float32 file written by build/export_init), the same data order
 (token shards read window by window in file order, as `nanograph train --no-shuffle` does),
-the same AdamW / clipping / schedule. Run the way ../shared/GPU.md describes: torch.compile,
+the same AdamW / clipping / schedule. Run the way docs/GPU.md describes: torch.compile,
 bf16 autocast, flash SDPA, fused AdamW. Prints one JSON object per step.
 
   python3 tools/peer/gpt_peer.py --model d12 --init init.bin --train 'shards/train_*.bin' \

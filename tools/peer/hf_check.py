@@ -55,7 +55,11 @@ def main():
     ap.add_argument("--nanograph", default="build/nanograph")
     ap.add_argument("--ckpt", required=True, help="model_*.safetensors")
     ap.add_argument("--val", required=True, help="validation shard glob")
-    ap.add_argument("--vocab", default=os.environ.get("NG_GPT2_DIR", "../shared/data/gpt2"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    tree_vocab = os.path.join(here, "..", "..", "data", "gpt2")
+    ap.add_argument("--vocab", default=os.environ.get("NG_GPT2_DIR", tree_vocab),
+                    help="folder of GPT-2's encoder.json and vocab.bpe (default: $NG_GPT2_DIR, "
+                    "else the tree's data/gpt2)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--prompt", default="The licensee may")
@@ -107,8 +111,9 @@ def main():
     ok &= abs(back["val_loss"] - res["ours_loss"]) <= 1e-6
 
     # 4. logits: our KV-cache decode (`sample --logits`, greedy) against HF on the same tokens.
-    # Tolerance as STYLE.md derives it: ours within 2x the error of the same model run naively
-    # in bf16 (HF with bf16 weights and activations), both against HF in fp32, plus a small atol.
+    # Tolerance as docs/CONTRIBUTING.md derives it: ours within 2x the error of the same model run
+    # naively in bf16 (HF with bf16 weights and activations), both against HF in fp32, plus a
+    # small atol.
     tok = GPT2Tokenizer(os.path.join(a.vocab, "encoder.json"), os.path.join(a.vocab, "vocab.bpe"))
     ids = tok.encode(a.prompt)
     with tempfile.TemporaryDirectory() as d:
