@@ -1314,6 +1314,7 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg)
 	    NG_CUDNN_CHECK(cudnnCreate(&e->cudnn)))
 		return NG_ERR_RUNTIME;
 	enum ng_status st = ng_matmul_ctx_init(&e->mmctx, 32u << 20);
+	e->mmctx.own_gemm = !cfg->no_own_gemm;
 	if (!st)
 		open_tune_cache(e, &prop);
 	struct ng_step_options opt = cfg->step;

@@ -56,6 +56,8 @@ struct ng_exec_config {
 	                                * deterministic: ng_exec_init turns it off) */
 	const char *autotune_cache;    /* autotune: the directory that keeps its choices between
 	                                * runs (a file per GPU and cuBLASLt); NULL or "": none */
+	int no_own_gemm;               /* autotune never times our own GEMM as a bf16 forward
+	                                * candidate (train --own-gemm off; kernels/matmul.h) */
 	int rank, world;               /* data parallelism: this process's rank, ranks (1 alone) */
 	struct ncclComm *comm;         /* NCCL communicator (src/dist.h); NULL: no collectives */
 	int zero1;                     /* ZeRO-1: AdamW moments sharded across ranks (needs comm) */

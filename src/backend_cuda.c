@@ -162,6 +162,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->dp_no_overlap = o->no_overlap;
 	c->profile = o->profile;
 	c->autotune = o->autotune;
+	c->no_own_gemm = o->own_gemm && strcmp(o->own_gemm, "off") == 0;
 	c->autotune_cache = autotune_cache_dir(o->autotune_cache);
 	if (o->recompute)
 		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
