@@ -57,7 +57,7 @@ static void check_split_master(struct ng_exec *e, float *p1)
 static void tiny_config(struct ng_exec_config *c, int T, int C, int H, int V, int B, int K)
 {
 	memset(c, 0, sizeof(*c));
-	c->model = (struct ng_gpt_config){ 2, H, C, T, V, 0 };
+	c->model = (struct ng_gpt_config){ .L = 2, .H = H, .C = C, .T = T, .V = V };
 	cr_assert_eq(ng_gpt_check(&c->model), NG_OK, "%s", ng_error_message());
 	c->B = B;
 	c->T = T;
