@@ -20,6 +20,7 @@
  * gradient for the last time has been enqueued, an event forks a second stream that all-reduces
  * that layer's slices while the backward of the layers below runs; GRAD_NORM joins the stream and
  * all-reduces the rest (embeddings, final layernorm, any layer not sent) with the loss.
+ * The implementation is split by job into graph/exec*.c; graph/exec.c says which does what.
  */
 #ifndef NG_GRAPH_EXEC_H
 #define NG_GRAPH_EXEC_H

@@ -206,8 +206,8 @@ static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_gra
 				 (char *)scratch + front, s);
 }
 
-/* An op of a kind the helper below was not given: the switch in run_op sends every kind to
- * the one family that implements it, so this only fires for a kind no family has. */
+/* The error for an op kind that no family implements: ng_exec_run_op_'s default, and each
+ * family helper's for a kind that is not its own. */
 static enum ng_status no_gpu_kernel(const struct ng_op *op)
 {
 	return ng_fail(NG_ERR_RUNTIME, "op %s (%s) has no GPU implementation", op->name,
