@@ -20,6 +20,7 @@
  * gradient for the last time has been enqueued, an event forks a second stream that all-reduces
  * that layer's slices while the backward of the layers below runs; GRAD_NORM joins the stream and
  * all-reduces the rest (embeddings, final layernorm, any layer not sent) with the loss.
+ * The implementation is split by job into graph/exec*.c; graph/exec.c says which does what.
  */
 #ifndef NG_GRAPH_EXEC_H
 #define NG_GRAPH_EXEC_H
@@ -56,6 +57,8 @@ struct ng_exec_config {
 	                                * deterministic: ng_exec_init turns it off) */
 	const char *autotune_cache;    /* autotune: the directory that keeps its choices between
 	                                * runs (a file per GPU and cuBLASLt); NULL or "": none */
+	int no_own_gemm;               /* autotune never times our own GEMM as a bf16 forward
+	                                * candidate (train --own-gemm off; kernels/matmul.h) */
 	int rank, world;               /* data parallelism: this process's rank, ranks (1 alone) */
 	struct ncclComm *comm;         /* NCCL communicator (src/dist.h); NULL: no collectives */
 	int zero1;                     /* ZeRO-1: AdamW moments sharded across ranks (needs comm) */
@@ -71,10 +74,25 @@ struct ng_exec_matmul {
 	struct ng_matmul mm;           /* its plan, shared by every op of that shape */
 };
 
-struct ng_exec {
-	struct ng_exec_config cfg;
+/* What planning measured and chose, for the init log: ng_exec_init fills it when asked. Times
+ * are ms a pass of what the trial ran (graph/exec_trials.c); -1: not timed (not asked for, or
+ * no device memory to spare for the trial). */
+struct ng_exec_report {
+	float gelu_fwd_ms[2];          /* --gelu-fusion auto, FC forward: fused / plain + kernel */
+	float dgelu_ms[3];             /* FC backward (FC-proj dinp, GELU backward, fc dW):
+	                                * cuBLASLt's DGELU fused / unfused / our own GEMM's DGELU */
+	float fp8_ms[NG_EXEC_FP8_KINDS][2]; /* --fp8 auto, per kind (forward qkv, attproj, fc,
+	                                * fcproj, head; dinp qkv, attproj, fc, fcproj): bf16 / cast
+	                                * + fp8 */
 	int fit_lowered;               /* --recompute auto with ranks: another rank's budget, smaller
 	                                * than this one's, is what the step was fitted to */
+	char tune_cache_path[4096];    /* autotune's choices file, or "" when none is kept */
+	int tune_loaded;               /* choices read from it */
+	char tune_warning[512];        /* why it could not be read or written, or "" */
+};
+
+struct ng_exec {
+	struct ng_exec_config cfg;
 	struct ng_graph train;         /* the training step */
 	struct ng_graph eval;          /* the evaluation step (kind EVAL), when eval_batches > 0 */
 	char *arena;                   /* the one device allocation */
@@ -87,15 +105,6 @@ struct ng_exec {
 	struct ng_attention att;       /* one plan: every layer has the same shape */
 	struct ng_exec_matmul plans[NG_EXEC_MAX_PLANS];
 	int n_plans;
-	float fp8_ms[NG_EXEC_FP8_KINDS][2]; /* --fp8 auto: per kind (forward qkv, attproj, fc,
-	                                * fcproj, head; dinp qkv, attproj, fc, fcproj) bf16 / cast +
-	                                * fp8, ms (-1: not timed) */
-	float dgelu_ms[3];             /* gelu-fusion auto: the FC backward (FC-proj dinp, GELU
-	                                * backward, fc dW) with cuBLASLt's DGELU fused / unfused /
-	                                * our own GEMM's DGELU (-1: not timed: no device memory to
-	                                * spare, or own not offered) */
-	float gelu_fwd_ms[2];          /* gelu-fusion auto: FC forward fused / plain+kernel (-1:
-	                                * not timed) */
 	int *train_plan;               /* per train op: index into plans, or -1 */
 	int *eval_plan;                /* per eval op */
 	uint16_t *h_tokens;            /* pinned (K, B, T+1): the next step's tokens */
@@ -106,7 +115,6 @@ struct ng_exec {
 	cudaEvent_t h2d_done;          /* recorded inside the step right after the token copy */
 	cudaEvent_t done[NG_EXEC_RING];/* recorded after each submitted step (timing events) */
 	cudaEvent_t start;             /* recorded before the first submitted step */
-	float last_ms[NG_EXEC_RING];   /* device time of each collected step, ms (ng_exec_collect) */
 	cudaGraph_t train_graph;       /* the captured step (kept for the DOT dump) */
 	cudaGraphExec_t train_exec;
 	cudaGraph_t eval_graph;
@@ -118,11 +126,6 @@ struct ng_exec {
 	bool profile_replayed;         /* op_ms from graph replays (else eager launches) */
 	double peak_flops;             /* bf16 dense peak of this GPU (by name), 0 if unknown */
 	char device_name[256];
-	size_t device_total_bytes;     /* the GPU's memory */
-	char tune_device[300];         /* the file's device word: GPU, sm, cuBLASLt version */
-	char tune_cache_path[4096];    /* autotune's choices file, or "" when none is kept */
-	int tune_loaded;               /* choices read from it */
-	char tune_warning[512];        /* why it could not be read or written, or "" */
 	size_t shard_len;              /* ZeRO-1: parameters per rank (ceil(total / world)) */
 	size_t shard_off;              /* ZeRO-1: first parameter this rank updates */
 	cudaStream_t dp_stream;        /* per-layer gradient all-reduces, overlapping the backward */
@@ -138,9 +141,11 @@ struct ng_exec {
  * NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN (ours only when >= 3% ahead of the better other), or 0. */
 int ng_exec_pick_dgelu(const float *ms, int nv);
 
-/* Plan, allocate, initialise and capture. NG_ERR_INPUT when the plan does not fit the GPU (with
- * the numbers and a hint), NG_ERR_RUNTIME for CUDA/library failures. */
-enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg);
+/* Plan, allocate, initialise and capture; *report (may be NULL) gets what planning measured and
+ * chose. NG_ERR_INPUT when the plan does not fit the GPU (with the numbers and a hint),
+ * NG_ERR_RUNTIME for CUDA/library failures. */
+enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg,
+			    struct ng_exec_report *report);
 void ng_exec_free(struct ng_exec *e);
 
 /* The pinned buffer for the next step's K*B*(T+1) tokens; waits only until the previous step's

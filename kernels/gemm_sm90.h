@@ -5,7 +5,7 @@
  *
  * Why: cuBLASLt's GELU_AUX_BIAS epilogue offers five algorithms for the MLP's fc forward, and
  * the best runs at ~500 TFLOP/s against ~660 for the plain matmul of the same shape
- * (BENCHMARKS.md, session 21: ~3 ms of a d24 step). This kernel computes the same thing with
+ * (BENCHMARKS.md: ~3 ms of a d24 step). This kernel computes the same thing with
  * the epilogue of one warpgroup overlapping the matrix work of the other, so the tensor cores do
  * not wait for the stores. It is one more candidate for the plan's autotune (kernels/matmul.h),
  * which keeps it only where it times faster.
@@ -16,14 +16,14 @@
  *   ng_gemm_sm90_dgelu, the backward of GELU(pre) @ W2^T for W2 (K, N) (the MLP projection):
  *   dpre (M, N) bf16 = (dout (M, K) @ wt^T) * GELU'(pre)      wt = W2^T, (N, K) row-major
  *   post (M, N) bf16 = GELU(pre), when post is not NULL (--recompute gelu's activation)
- *   part (ng_gemm_sm90_dgelu_parts(M, tile), N) fp32, when not NULL: column sums of dpre as
+ *   part (ng_gemm_sm90_dgelu_parts(M), N) fp32, when not NULL: column sums of dpre as
  *     stored (bf16), each row over one consumer warp's rows of one tile row, written in a fixed
  *     order; their sum over the rows (ng_bias_grad_reduce) is the bias gradient of the layer
  *     whose output gradient dpre is (the MLP's fc), without reading dpre again
  * The product stays fp32 until it is multiplied by GELU'(pre) and rounded once (cuBLASLt's DGELU
  * epilogue does the same; the unfused pair rounds the product to bf16 first). Why: the unfused
  * pair writes the product and reads it back (2 x 4C bf16 a token), and cuBLASLt's DGELU
- * epilogue runs at ~60% of its plain matmul at d24 (BENCHMARKS.md, session 25).
+ * epilogue runs at ~60% of its plain matmul at d24 (BENCHMARKS.md).
  *
  * GELU is the tanh form of GPT-2, evaluated in fp32 on the fp32 pre-activation (as cuBLASLt
  * does; the function is kernels/common.cuh's ng_gelu_f, which the elementwise kernels use too):
@@ -34,8 +34,8 @@
  * How: a persistent grid (one block per SM), three warpgroups a block. The first issues the
  * tensor-memory-accelerator loads of A and W tiles (k = 64 per stage, 128-byte swizzle) into a
  * ring of shared-memory stages; the other two each take every other tile of the block and run
- * wgmma (sm_90a) on it, then write its epilogue straight from registers. Tiles per consumer:
- * NG_GEMM_TILE_128x128 or NG_GEMM_TILE_64x256 (rows x columns).
+ * wgmma (sm_90a) on it, then write its epilogue through shared memory; a consumer's tile is
+ * 128 x 128 (bench_gemm measured it the fastest of the tiles tried).
  *
  * The DGELU epilogue: each consumer loads its tile's pre-activation into shared memory with the
  * copy engine while it multiplies, then writes the gradient over it and stores it from there.
@@ -56,23 +56,8 @@
 extern "C" {
 #endif
 
-/* The kernel's revision: raise it whenever a change may alter its speed, so that autotune's kept
- * choices (kernels/matmul_cache.c) time our GEMM again instead of trusting an old figure.
- * 2: the GELU epilogue with folded constants (session 24).
- * 3: the barriers no longer share shared memory with the first epilogue unit (session 26).
- * 4: DGELU's units in column-block order (its column sums, session 26).
- * 5: the wgmma descriptors made once a stage (session 29).
- * 6: the warpgroup index warp-uniform (descriptors in uniform registers, session 30).
- * 7: the epilogues move four pairs an ldmatrix / stmatrix; DGELU loads a unit before it
- *    computes (session 31). */
+/* Raise when a change may alter the kernel's speed: autotune's kept choices then time it again. */
 #define NG_GEMM_SM90_REV 7
-
-enum ng_gemm_tile {
-	NG_GEMM_TILE_128x128 = 0,
-	NG_GEMM_TILE_64x256 = 1,
-	NG_GEMM_TILE_128x128_C2 = 2, /* 128x128, clusters of two blocks that share W's tile */
-	NG_GEMM_TILES
-};
 
 /* 1 when this process can run ng_gemm_sm90_fwd on the current device (an sm_90 GPU, and the
  * kernel was built for sm_90a); 0 otherwise. Never fails. */
@@ -83,8 +68,7 @@ enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out,        /* (M, N) bf16, = */
 				const ng_bf16 *inp,  /* (M, K) bf16 */
 				const ng_bf16 *w,    /* (N, K) bf16 */
 				const ng_bf16 *bias, /* (N) bf16, or NULL */
-				int M, int N, int K, int gelu, enum ng_gemm_tile tile,
-				cudaStream_t s);
+				int M, int N, int K, int gelu, cudaStream_t s);
 
 enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre,       /* (M, N) bf16, = */
 				  ng_bf16 *post,       /* (M, N) bf16, = GELU(pre); or NULL */
@@ -92,9 +76,9 @@ enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre,       /* (M, N) bf16, = */
 				  const ng_bf16 *pre,  /* (M, N) bf16, the pre-activation */
 				  const ng_bf16 *dout, /* (M, K) bf16 */
 				  const ng_bf16 *wt,   /* (N, K) bf16 */
-				  int M, int N, int K, enum ng_gemm_tile tile, cudaStream_t s);
-/* The rows of ng_gemm_sm90_dgelu's part: 4 a tile row (one a consumer warp). */
-int ng_gemm_sm90_dgelu_parts(int M, enum ng_gemm_tile tile);
+				  int M, int N, int K, cudaStream_t s);
+/* The rows of ng_gemm_sm90_dgelu's part: 4 a tile row of 128 (one a consumer warp). */
+int ng_gemm_sm90_dgelu_parts(int M);
 
 #ifdef __cplusplus
 }

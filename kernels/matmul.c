@@ -27,10 +27,10 @@
 #include "kernels/gemm_sm90.h"
 
 #define NG_MM_MAX_CANDIDATES 8
-/* the own GEMM's candidates, after cuBLASLt's: the tile bench_gemm measured fastest of ours
- * (the 64x256 and the clustered tiles were slower at every forward shape, session 22) */
-static const enum ng_gemm_tile own_tiles_[] = { NG_GEMM_TILE_128x128 };
-#define NG_MM_MAX_OWN ((int)(sizeof(own_tiles_) / sizeof(own_tiles_[0])))
+#define NG_MM_MAX_OWN 1 /* our own GEMM: one candidate after cuBLASLt's */
+/* Our GEMM's mark in a choice's candidate hash (with its revision): the byte its one tile has
+ * always hashed as, so that choice files already written stay valid. */
+#define NG_MM_OWN_MARK 0xA0u
 #define NG_MM_SCRATCH_ALIGN 256
 _Static_assert(NG_MM_MAX_CANDIDATES + NG_MM_MAX_OWN <=
 		       (int)(sizeof(((struct ng_matmul *)0)->tuned_ms) / sizeof(float)),
@@ -61,8 +61,7 @@ enum ng_status ng_matmul_ctx_init(struct ng_matmul_ctx *ctx, size_t workspace_by
 	ctx->tune_reps = 10;
 	ctx->tune_sustained_ms = 100.0f;
 	ctx->force_candidate = -1;
-	const char *own = getenv("NG_OWN_GEMM");
-	ctx->own_gemm = !(own && !strcmp(own, "0"));
+	ctx->own_gemm = 1;
 	ctx->dbias_colsum = 1; /* measured faster than BGRADB at every d12/d48 shape (matmul.h) */
 	return NG_OK;
 }
@@ -393,7 +392,7 @@ static enum ng_status tune_alloc_(void **p, size_t bytes)
 static void take_candidate_(struct ng_matmul *mm, const cublasLtMatmulHeuristicResult_t *res,
 			    int got, int i)
 {
-	mm->own = i < got ? 0 : (int)own_tiles_[i - got] + 1;
+	mm->own = i >= got;
 	mm->algo = res[i < got ? i : 0].algo;
 	mm->algo_ws = res[i < got ? i : 0].workspaceSize;
 }
@@ -466,7 +465,7 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 	}
 	/* Sustained pass: the step keeps the GPU at its power limit, where the clock drops and
 	 * algorithms that spend less energy per FLOP win; a burst runs at the boost clock and
-	 * ranks them differently (BENCHMARKS.md, session 17). So the GPU is first held busy
+	 * ranks them differently (BENCHMARKS.md). So the GPU is first held busy
 	 * for ~2 * tune_sustained_ms, then every candidate runs back to back for about
 	 * tune_sustained_ms between two events, no synchronisation inside. */
 	if (ctx->tune_sustained_ms > 0.0f) {
@@ -567,10 +566,9 @@ static struct ng_matmul_choice choice_key_(const struct ng_matmul *mm,
 		for (size_t j = 0; j < sizeof(res[i].algo); j++)
 			h = (h ^ b[j]) * 1099511628211ull;
 	}
-	for (int i = 0; i < n_own; i++) /* our kernel's tiles, so other tiles are timed again */
-		h = (h ^ (unsigned char)(0xA0 + own_tiles_[i])) * 1099511628211ull;
-	if (n_own) /* and its revision, so a changed kernel is timed again */
-		h = (h ^ (unsigned char)NG_GEMM_SM90_REV) * 1099511628211ull;
+	if (n_own) /* our kernel and its revision, so a changed kernel is timed again */
+		h = (((h ^ NG_MM_OWN_MARK) * 1099511628211ull) ^ (unsigned char)NG_GEMM_SM90_REV) *
+		    1099511628211ull;
 	c.candidates_hash = h;
 	return c;
 }
@@ -629,13 +627,12 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 		mm->m = spec->IC;
 		mm->n = spec->N;
 		mm->k = spec->OC;
-		mm->own = (int)NG_GEMM_TILE_128x128 + 1;
+		mm->own = 1;
 		mm->n_candidates = 1;
 		if (spec->bias) /* the column sums' partial rows */
-			mm->workspace_need =
-				round_up_((size_t)ng_gemm_sm90_dgelu_parts(spec->N, NG_GEMM_TILE_128x128) *
-						  spec->IC * 4,
-					  NG_MM_SCRATCH_ALIGN);
+			mm->workspace_need = round_up_((size_t)ng_gemm_sm90_dgelu_parts(spec->N) *
+							       spec->IC * 4,
+						       NG_MM_SCRATCH_ALIGN);
 		return NG_OK;
 	}
 	if (spec->autotune)
@@ -735,21 +732,20 @@ static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a,
 			bias_ptr = mm->add ? (const char *)workspace + mm->scratch_off : dbias;
 	}
 	if (mm->own && sp->kind == NG_MATMUL_DINP) { /* b is W^T (IC, OC) */
-		const enum ng_gemm_tile tile = (enum ng_gemm_tile)(mm->own - 1);
 		if ((post && check_ptr_(mm, "post", post)) ||
 		    (sp->bias && check_ptr_(mm, "dbias", dbias)))
 			return NG_ERR_INPUT;
 		float *part = sp->bias ? (float *)workspace : NULL;
 		enum ng_status st = ng_gemm_sm90_dgelu(out, post, part, aux, a, b, sp->N, sp->IC,
-						       sp->OC, tile, s);
+						       sp->OC, s);
 		if (st || !sp->bias)
 			return st;
-		return ng_bias_grad_reduce(dbias, part, ng_gemm_sm90_dgelu_parts(sp->N, tile), sp->IC,
+		return ng_bias_grad_reduce(dbias, part, ng_gemm_sm90_dgelu_parts(sp->N), sp->IC,
 					   mm->beta != 0.0f, s);
 	}
 	if (mm->own) /* our own GEMM (FWD, bf16): the same outputs, no workspace */
 		return ng_gemm_sm90_fwd(out, sp->gelu ? aux : NULL, a, b, bias_ptr, sp->N, sp->OC,
-					sp->IC, sp->gelu, (enum ng_gemm_tile)(mm->own - 1), s);
+					sp->IC, sp->gelu, s);
 	if (bias_ptr && set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
 				  sizeof(bias_ptr)))
 		return NG_ERR_RUNTIME;

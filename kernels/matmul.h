@@ -58,20 +58,20 @@
  * bf16, which the caller makes with ng_transpose_bf16), so that the GEMM reads both operands
  * K-major as in the forward; it can also write GELU(aux), which --recompute gelu needs next.
  * The step transposes every layer's W at the start of the backward: read right after its
- * transpose, W^T made the GEMM ~10% slower (BENCHMARKS.md, session 26).
+ * transpose, W^T made the GEMM ~10% slower (BENCHMARKS.md).
  *
  * Our own GEMM: for a bf16 FWD with autotune on an sm_90 GPU, the candidates also include
  * kernels/gemm_sm90.h's kernel (128 x 128 tiles, TMA and wgmma, the bias and GELU epilogue
  * through shared memory), timed the same way; it runs only where it is the fastest. On the
  * H200 it is not yet: 4-12% slower than cuBLASLt at the plain forward shapes of d12/d24, and
- * 1% slower to 3% faster at the GELU one (tools/bench_gemm, sessions 22-25; held for 2 s at
+ * 1% slower to 3% faster at the GELU one (tools/bench_gemm; held for 2 s at
  * the power cap it needs as few cycles as cuBLASLt or fewer, but runs 100-150 MHz slower:
- * BENCHMARKS.md, session 25), so no plan took it in the step and today it only costs autotune
+ * BENCHMARKS.md), so no plan took it in the step and today it only costs autotune
  * time: one more candidate per bf16 forward shape (~0.1 s each, from the 100 ms sustained pass;
  * not measured). It computes
  * the same outputs (GELU in the same tanh form, the bias added to the fp32 sum, one bf16
  * rounding). Written because cuBLASLt's GELU_AUX_BIAS epilogue runs at ~500 TFLOP/s against
- * ~650 for the plain matmul (BENCHMARKS.md, sessions 21-22).
+ * ~650 for the plain matmul (BENCHMARKS.md).
  *
  * GELU is cuBLASLt's, and it is the tanh form of GPT-2 (tests/test_matmul.c projects the GPU
  * error onto the erf-minus-tanh difference: t = -0.01..0.06 for GELU and DGELU on the 37- and
@@ -126,8 +126,8 @@ struct ng_matmul_ctx {
 	                            * untimed (when it exists; past the last, the last: our own
 	                            * GEMM where it is a candidate); -1 (the default): not used */
 	int own_gemm;              /* autotune of a bf16 FWD also times our own Hopper GEMM
-	                            * (kernels/gemm_sm90.h) where it can run: 1 (the default; the
-	                            * environment's NG_OWN_GEMM=0 makes it 0), 0 never */
+	                            * (kernels/gemm_sm90.h) where it can run: 1 (the default), 0
+	                            * never (the executor's no_own_gemm: train --own-gemm off) */
 	struct ng_matmul_choice *choices; /* autotune choices known (see "Choices kept") */
 	int n_choices, cap_choices;
 	int choices_made;          /* timed by this ctx (what ng_matmul_choices_save adds) */
@@ -199,10 +199,10 @@ struct ng_matmul {
 	int m, n, k;                      /* cuBLASLt's problem size (see the table above) */
 	float beta;                       /* 0, or 1 when DW accumulates */
 	int n_candidates;                 /* candidates considered: the heuristic's results, then
-	                                   * our own GEMM's tile where it is one (see own_gemm) */
+	                                   * our own GEMM where it is one (see own_gemm) */
 	int chosen;                       /* index of the chosen one among them (0 = heuristic's) */
-	int own;                          /* 0: cuBLASLt runs; t + 1: the chosen candidate is our
-	                                   * own GEMM with enum ng_gemm_tile t, run instead */
+	int own;                          /* 0: cuBLASLt runs; 1: our own GEMM runs instead (the
+	                                   * chosen candidate, or spec.own) */
 	float tuned_ms[10];               /* autotune: ms per candidate (0 when not timed) */
 };
 

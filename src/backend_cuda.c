@@ -162,6 +162,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->dp_no_overlap = o->no_overlap;
 	c->profile = o->profile;
 	c->autotune = o->autotune;
+	c->no_own_gemm = o->own_gemm && strcmp(o->own_gemm, "off") == 0;
 	c->autotune_cache = autotune_cache_dir(o->autotune_cache);
 	if (o->recompute)
 		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
@@ -181,7 +182,8 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 	ng_exec_config_from_opts(&c, o);
 	if (!o->val_glob && o->train_glob)
 		c.eval_batches = 0;
-	enum ng_status st = ng_exec_init(e, &c);
+	struct ng_exec_report rep;
+	enum ng_status st = ng_exec_init(e, &c, &rep);
 	if (st) {
 		ng_exec_free(e);
 		free(e);
@@ -207,7 +209,7 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			fprintf(log, "--gpu-mem %.2f GiB", c.gpu_mem / 1073741824.0);
 		else
 			fprintf(log, "the memory free at start");
-		fprintf(log, "%s)\n", e->fit_lowered ? "; fitted to another rank's smaller budget, "
+		fprintf(log, "%s)\n", rep.fit_lowered ? "; fitted to another rank's smaller budget, "
 			"so that every rank runs the same step" : "");
 	}
 	if (c.autotune && !e->cfg.autotune)
@@ -220,14 +222,14 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, "autotune: %d matmul shape(s) timed, %d choice(s) reused, %d of %d "
 			"plans on our own GEMM", e->mmctx.choices_made, e->mmctx.choices_reused, own,
 			e->n_plans);
-		if (e->tune_cache_path[0])
-			fprintf(log, " | kept in %s", e->tune_cache_path);
+		if (rep.tune_cache_path[0])
+			fprintf(log, " | kept in %s", rep.tune_cache_path);
 		fprintf(log, "\n");
-		if (e->tune_warning[0])
-			fprintf(log, "warning: %s (the choices were timed again)\n", e->tune_warning);
+		if (rep.tune_warning[0])
+			fprintf(log, "warning: %s (the choices were timed again)\n", rep.tune_warning);
 	}
 	if (g->fuse_gelu & NG_GELU_FUSE_AUTO) {
-		const float *ms[2] = { e->gelu_fwd_ms, e->dgelu_ms };
+		const float *ms[2] = { rep.gelu_fwd_ms, rep.dgelu_ms };
 		static const char *what[2] = { "FC forward", "FC backward" };
 		fprintf(log, "gelu fusion: %s (epilogue against matmul + GELU kernel:",
 			ng_step_gelu_fusion_name(g->fuse_gelu));
@@ -257,15 +259,15 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			}
 			if (g->fp8 & bit)
 				fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
-			timed |= e->fp8_ms[k][0] >= 0;
+			timed |= rep.fp8_ms[k][0] >= 0;
 		}
 		fprintf(log, "%s", any ? "" : " none");
 		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");
 			for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
-				if (e->fp8_ms[k][0] >= 0)
-					fprintf(log, " %s %.3f/%.3f", kind[k], e->fp8_ms[k][0],
-						e->fp8_ms[k][1]);
+				if (rep.fp8_ms[k][0] >= 0)
+					fprintf(log, " %s %.3f/%.3f", kind[k], rep.fp8_ms[k][0],
+						rep.fp8_ms[k][1]);
 			fprintf(log, ")");
 		} else if (c.deterministic) {
 			fprintf(log, " (--deterministic: not timed)");

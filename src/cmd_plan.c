@@ -328,7 +328,7 @@ static enum ng_status dump_cuda_graph(const struct ng_shape *shape, const struct
 	c.seed = 1;
 	char path[4096], text[256];
 	snprintf(path, sizeof(path), "%s/cuda_graph.dot", out);
-	enum ng_status st = ng_exec_init(e, &c);
+	enum ng_status st = ng_exec_init(e, &c, NULL);
 	if (!st)
 		st = ng_exec_dump_cuda_graph(e, path, text, sizeof(text));
 	if (!st)

@@ -73,6 +73,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "GPU: time the top cuBLASLt algorithms of each matmul shape at plan time, under "
 		  "sustained load (~20 s more start-up the first time: the choices are kept, see "
 		  "--autotune-cache); off with --deterministic", false },
+		{ "--own-gemm", NG_FLAG_STRING, &o.own_gemm, 0, 0, "auto|off",
+		  "GPU: with --autotune, also time our own Hopper GEMM for each bf16 forward matmul "
+		  "and keep it where it is faster (auto, the default), or never (off)", false },
 		{ "--autotune-cache", NG_FLAG_STRING, &o.autotune_cache, 0, 0, "DIR",
 		  "GPU: where --autotune keeps its choices for the next run, a file per GPU and "
 		  "cuBLASLt, or none ($XDG_CACHE_HOME/nanograph, else ~/.cache/nanograph)", false },
@@ -144,6 +147,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	int gelu_mask;
 	if (o.gelu_fusion && (st = ng_step_parse_gelu_fusion(o.gelu_fusion, &gelu_mask)))
 		return st;
+	if (o.own_gemm && strcmp(o.own_gemm, "auto") != 0 && strcmp(o.own_gemm, "off") != 0)
+		return ng_fail(NG_ERR_INPUT, "train --own-gemm: '%s' is not auto or off", o.own_gemm);
 	if (strcmp(o.schedule, "cosine") != 0 && strcmp(o.schedule, "linear") != 0)
 		return ng_fail(NG_ERR_INPUT, "train --schedule: '%s' is not cosine or linear",
 			       o.schedule);

@@ -45,6 +45,7 @@ struct ng_train_opts {
 	bool no_overlap;           /* all-reduce the gradient in one piece after the backward */
 	bool profile;              /* GPU: time every op of one step at start and print the table */
 	bool autotune;             /* GPU: time cuBLASLt candidates per matmul shape at plan time */
+	const char *own_gemm;      /* GPU: --own-gemm auto (NULL: the same) | off */
 	const char *autotune_cache; /* GPU: directory keeping autotune's choices, "none", or NULL
 	                            * ($XDG_CACHE_HOME/nanograph or ~/.cache/nanograph) */
 	const char *recompute;     /* GPU: "gelu,layernorm", "gelu", "layernorm", "none" or "auto" */

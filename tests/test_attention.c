@@ -226,14 +226,29 @@ static uint64_t setup_case(const struct acase *c, char *ctx, size_t n, cudnnHand
 ParameterizedTestParameters(attention, matches_reference)
 {
 	static struct acase cases[] = {
-		{2, 12, 1, 64, 0, 0},    {2, 12, 64, 64, 0, 0},   {2, 1, 64, 128, 0, 0},
-		{1, 25, 257, 64, 0, 0},  {1, 12, 257, 128, 0, 0}, {1, 25, 1024, 64, 0, 0},
-		{1, 1, 1024, 128, 0, 0}, {1, 1, 2048, 128, 0, 0}, {1, 4, 2048, 64, 0, 0},
-		{2, 12, 64, 64, 0, 1},   {1, 25, 1024, 64, 0, 1}, {1, 4, 2048, 64, 0, 1},
-		{2, 12, 1, 64, 1, 0},    {2, 12, 64, 64, 1, 0},   {2, 1, 64, 128, 1, 0},
-		{1, 25, 257, 64, 1, 0},  {1, 12, 257, 128, 1, 0}, {1, 25, 1024, 64, 1, 0},
-		{1, 1, 2048, 128, 1, 0}, {1, 3, 300, 256, 1, 0},  {2, 5, 33, 40, 1, 0},
-		{1, 2, 1, 24, 1, 0},     {1, 7, 130, 72, 1, 0},
+		{ .B = 2, .H = 12, .T = 1, .D = 64 },
+		{ .B = 2, .H = 12, .T = 64, .D = 64 },
+		{ .B = 2, .H = 1, .T = 64, .D = 128 },
+		{ .B = 1, .H = 25, .T = 257, .D = 64 },
+		{ .B = 1, .H = 12, .T = 257, .D = 128 },
+		{ .B = 1, .H = 25, .T = 1024, .D = 64 },
+		{ .B = 1, .H = 1, .T = 1024, .D = 128 },
+		{ .B = 1, .H = 1, .T = 2048, .D = 128 },
+		{ .B = 1, .H = 4, .T = 2048, .D = 64 },
+		{ .B = 2, .H = 12, .T = 64, .D = 64, .deterministic = 1 },
+		{ .B = 1, .H = 25, .T = 1024, .D = 64, .deterministic = 1 },
+		{ .B = 1, .H = 4, .T = 2048, .D = 64, .deterministic = 1 },
+		{ .B = 2, .H = 12, .T = 1, .D = 64, .naive = 1 },
+		{ .B = 2, .H = 12, .T = 64, .D = 64, .naive = 1 },
+		{ .B = 2, .H = 1, .T = 64, .D = 128, .naive = 1 },
+		{ .B = 1, .H = 25, .T = 257, .D = 64, .naive = 1 },
+		{ .B = 1, .H = 12, .T = 257, .D = 128, .naive = 1 },
+		{ .B = 1, .H = 25, .T = 1024, .D = 64, .naive = 1 },
+		{ .B = 1, .H = 1, .T = 2048, .D = 128, .naive = 1 },
+		{ .B = 1, .H = 3, .T = 300, .D = 256, .naive = 1 },
+		{ .B = 2, .H = 5, .T = 33, .D = 40, .naive = 1 },
+		{ .B = 1, .H = 2, .T = 1, .D = 24, .naive = 1 },
+		{ .B = 1, .H = 7, .T = 130, .D = 72, .naive = 1 },
 	};
 	return cr_make_param_array(struct acase, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -313,8 +328,12 @@ ParameterizedTest(struct acase *c, attention, matches_reference, .timeout = 300)
 ParameterizedTestParameters(attention, graph_replay_equals_eager)
 {
 	static struct acase cases[] = {
-		{2, 12, 1024, 64, 0, 0}, {2, 12, 1024, 64, 0, 1}, {1, 4, 257, 64, 0, 1},
-		{3, 4, 257, 64, 0, 0},   {2, 12, 1024, 64, 1, 0}, {2, 3, 100, 40, 1, 0},
+		{ .B = 2, .H = 12, .T = 1024, .D = 64 },
+		{ .B = 2, .H = 12, .T = 1024, .D = 64, .deterministic = 1 },
+		{ .B = 1, .H = 4, .T = 257, .D = 64, .deterministic = 1 },
+		{ .B = 3, .H = 4, .T = 257, .D = 64 },
+		{ .B = 2, .H = 12, .T = 1024, .D = 64, .naive = 1 },
+		{ .B = 2, .H = 3, .T = 100, .D = 40, .naive = 1 },
 	};
 	return cr_make_param_array(struct acase, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -251,11 +251,15 @@ Test(elementwise, transpose)
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
-	const int shapes[][3] = { { 1, 1, 1 }, { 1, 77, 1 }, { 77, 1, 1 }, { 33, 65, 3 },
-				  { 768, 3072, 1 }, { 1600, 6400, 1 }, { 1000, 37, 1 },
-				  { 130, 194, 5 }, { 1024, 4096, 3 } };
+	static const struct { int R, C, count; } shapes[] = {
+		{ .R = 1, .C = 1, .count = 1 },       { .R = 1, .C = 77, .count = 1 },
+		{ .R = 77, .C = 1, .count = 1 },      { .R = 33, .C = 65, .count = 3 },
+		{ .R = 768, .C = 3072, .count = 1 },  { .R = 1600, .C = 6400, .count = 1 },
+		{ .R = 1000, .C = 37, .count = 1 },   { .R = 130, .C = 194, .count = 5 },
+		{ .R = 1024, .C = 4096, .count = 3 },
+	};
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		transpose_case(shapes[i][0], shapes[i][1], shapes[i][2], &r, seed);
+		transpose_case(shapes[i].R, shapes[i].C, shapes[i].count, &r, seed);
 }
 
 static void split_case(int B, int T)

@@ -406,9 +406,11 @@ Test(fp8, cast_w_and_wt_in_one_pass)
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
-	const int shapes[3][3] = { { 128, 192, 2 }, { 37, 50, 3 }, { 200, 72, 1 } };
+	static const struct { int R, C, S; } shapes[] = {
+		{ .R = 128, .C = 192, .S = 2 }, { .R = 37, .C = 50, .S = 3 }, { .R = 200, .C = 72, .S = 1 },
+	};
 	for (int t = 0; t < 3; t++) {
-		const int R = shapes[t][0], CC = shapes[t][1], S = shapes[t][2];
+		const int R = shapes[t].R, CC = shapes[t].C, S = shapes[t].S;
 		size_t n = (size_t)S * R * CC;
 		uint16_t *h = malloc(n * 2);
 		uint8_t *g8 = malloc(n), *gt = malloc(n);

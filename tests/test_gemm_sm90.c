@@ -9,7 +9,7 @@
  * GELU).
  *
  * Shapes: edges in every dimension (M = 1, 300; N = 3104 = 4 x 776, not a multiple of either
- * tile's width; K = 776, not a multiple of the 64 of a stage), both tiles, with and without bias
+ * tile's width; K = 776, not a multiple of the 64 of a stage), with and without bias
  * and GELU, large-mean inputs, and a d12-like block that is run twice for identical bytes.
  * The DGELU epilogue (ng_gemm_sm90_dgelu) the same way: dpre against ng_ref_gelu_bwd of the fp64
  * product, post against ng_ref_gelu_fwd, pre unchanged.
@@ -32,7 +32,6 @@
 struct gm_case {
 	int M, N, K;
 	int gelu, bias;
-	int tile;
 	double mean;     /* mean of the activations */
 	int determinism; /* run twice, compare the bytes */
 };
@@ -53,8 +52,8 @@ static void expect_close_(const char *what, const struct gm_case *c, uint64_t se
 		big = fmax(big, fabs(ref[i]));
 	}
 	char name[160];
-	snprintf(name, sizeof(name), "%s M=%d N=%d K=%d gelu %d bias %d tile %d mean %g", what,
-		 c->M, c->N, c->K, c->gelu, c->bias, c->tile, c->mean);
+	snprintf(name, sizeof(name), "%s M=%d N=%d K=%d gelu %d bias %d mean %g", what, c->M, c->N,
+		 c->K, c->gelu, c->bias, c->mean);
 	check_fa_(name, seed, g, nv, ref, n, big / 1024);
 	free(g);
 	free(nv);
@@ -108,7 +107,7 @@ static void run_case_(const struct gm_case *c)
 	kt_cuda(cudaMemset(dout, 0xff, M * N * 2), "cudaMemset");
 	kt_cuda(cudaMemset(daux, 0xff, M * N * 2), "cudaMemset");
 	kt_ok(ng_gemm_sm90_fwd(dout, c->gelu ? daux : NULL, da, dw, c->bias ? db : NULL, c->M, c->N,
-			       c->K, c->gelu, (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_fwd");
+			       c->K, c->gelu, 0), "ng_gemm_sm90_fwd");
 	ng_bf16 *out = kt_xmalloc(M * N * 2), *aux = kt_xmalloc(M * N * 2);
 	kt_download(out, dout, M * N * 2);
 	if (c->gelu) {
@@ -121,7 +120,7 @@ static void run_case_(const struct gm_case *c)
 	if (c->determinism) {
 		ng_bf16 *again = kt_xmalloc(M * N * 2), *again_aux = kt_xmalloc(M * N * 2);
 		kt_ok(ng_gemm_sm90_fwd(dout, c->gelu ? daux : NULL, da, dw, c->bias ? db : NULL, c->M,
-				       c->N, c->K, c->gelu, (enum ng_gemm_tile)c->tile, 0),
+				       c->N, c->K, c->gelu, 0),
 		      "ng_gemm_sm90_fwd");
 		kt_download(again, dout, M * N * 2);
 		cr_expect(!memcmp(again, out, M * N * 2), "out differs between two runs (seed %llu)",
@@ -144,7 +143,7 @@ static void run_case_(const struct gm_case *c)
  * rounded once, as the kernel computes it. */
 struct dg_case {
 	int M, N, K;
-	int post, tile;
+	int post;
 	double pre_mean; /* mean of the pre-activations */
 	int determinism;
 	int bias;        /* part: dpre's column sums, reduced by ng_bias_grad_reduce */
@@ -192,13 +191,13 @@ static void run_dgelu_(const struct dg_case *c)
 	void *dpost = kt_upload(NULL, M * N * 2);
 	kt_cuda(cudaMemset(dd, 0xff, M * N * 2), "cudaMemset");
 	kt_cuda(cudaMemset(dpost, 0xff, M * N * 2), "cudaMemset");
-	const size_t parts = (size_t)ng_gemm_sm90_dgelu_parts(c->M, (enum ng_gemm_tile)c->tile);
+	const size_t parts = (size_t)ng_gemm_sm90_dgelu_parts(c->M);
 	float *dpart = c->bias ? kt_upload(NULL, parts * N * 4) : NULL;
 	float *ddb = c->bias ? kt_upload(NULL, N * 4) : NULL;
 	if (c->bias) /* NaN: a partial row the kernel fails to write cannot pass */
 		kt_cuda(cudaMemset(dpart, 0xff, parts * N * 4), "cudaMemset");
 	kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dpart, dp, ddo, dwt, c->M, c->N, c->K,
-				 (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_dgelu");
+				 0), "ng_gemm_sm90_dgelu");
 	ng_bf16 *got = kt_xmalloc(M * N * 2), *gpost = kt_xmalloc(M * N * 2), *pre_after = kt_xmalloc(M * N * 2);
 	kt_download(got, dd, M * N * 2);
 	if (c->bias) {
@@ -236,7 +235,8 @@ static void run_dgelu_(const struct dg_case *c)
 			  (unsigned long long)seed);
 		free(cref); free(cgot); free(cnaive); free(db); free(db2); free(nv);
 	}
-	struct gm_case named = { c->M, c->N, c->K, 1, c->post, c->tile, c->pre_mean, 0 };
+	struct gm_case named = { .M = c->M, .N = c->N, .K = c->K, .gelu = 1, .bias = c->post,
+				 .mean = c->pre_mean };
 	expect_close_("dgelu dpre", &named, seed, ref, nd, got, M * N);
 	if (c->post) {
 		kt_download(gpost, dpost, M * N * 2);
@@ -248,7 +248,7 @@ static void run_dgelu_(const struct dg_case *c)
 	if (c->determinism) {
 		ng_bf16 *again = kt_xmalloc(M * N * 2);
 		kt_ok(ng_gemm_sm90_dgelu(dd, c->post ? dpost : NULL, dpart, dp, ddo, dwt, c->M, c->N,
-					 c->K, (enum ng_gemm_tile)c->tile, 0), "ng_gemm_sm90_dgelu");
+					 c->K, 0), "ng_gemm_sm90_dgelu");
 		kt_download(again, dd, M * N * 2);
 		cr_expect(!memcmp(again, got, M * N * 2), "dpre differs between two runs (seed %llu)",
 			  (unsigned long long)seed);
@@ -262,60 +262,55 @@ static void run_dgelu_(const struct dg_case *c)
 }
 
 #define C776 776
-/*                                                         M     N         K    gelu bias tile mean det */
-Test(gemm_sm90, gelu_bias_edges_128x128) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 0, 0.0, 0}); }
-Test(gemm_sm90, gelu_bias_edges_64x256) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 1, 0.0, 0}); }
-Test(gemm_sm90, bias_one_row_128x128) { run_case_(&(struct gm_case){1, 3 * C776, C776, 0, 1, 0, 0.0, 0}); }
-Test(gemm_sm90, bias_one_row_64x256) { run_case_(&(struct gm_case){1, 3 * C776, C776, 0, 1, 1, 0.0, 0}); }
-Test(gemm_sm90, plain_deep_k_64x256) { run_case_(&(struct gm_case){257, 264, 4 * C776, 0, 0, 1, 0.0, 0}); }
-Test(gemm_sm90, gelu_large_mean_128x128) { run_case_(&(struct gm_case){130, 1024, 256, 1, 1, 0, 3.0, 0}); }
-Test(gemm_sm90, gelu_d12_block_twice_128x128) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 0, 0.0, 1}); }
-Test(gemm_sm90, gelu_bias_edges_128x128c2) { run_case_(&(struct gm_case){300, 4 * C776, C776, 1, 1, 2, 0.0, 0}); }
-Test(gemm_sm90, bias_one_row_128x128c2) { run_case_(&(struct gm_case){1, 3 * C776, C776, 0, 1, 2, 0.0, 0}); }
-Test(gemm_sm90, plain_deep_k_128x128c2) { run_case_(&(struct gm_case){257, 264, 4 * C776, 0, 0, 2, 0.0, 0}); }
-Test(gemm_sm90, gelu_d12_block_twice_128x128c2) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 2, 0.0, 1}); }
-Test(gemm_sm90, gelu_d24_block_twice_128x128c2) { run_case_(&(struct gm_case){1536, 4096, 1024, 1, 1, 2, 1.0, 1}); }
-Test(gemm_sm90, gelu_d12_block_twice_64x256) { run_case_(&(struct gm_case){1024, 3072, 768, 1, 1, 1, 0.0, 1}); }
+#define GM_TEST(name, ...) \
+	Test(gemm_sm90, name) { run_case_(&(struct gm_case){ __VA_ARGS__ }); }
+GM_TEST(gelu_bias_edges, .M = 300, .N = 4 * C776, .K = C776, .gelu = 1, .bias = 1)
+GM_TEST(bias_one_row, .M = 1, .N = 3 * C776, .K = C776, .bias = 1)
+GM_TEST(plain_deep_k, .M = 257, .N = 264, .K = 4 * C776)
+GM_TEST(gelu_large_mean, .M = 130, .N = 1024, .K = 256, .gelu = 1, .bias = 1, .mean = 3.0)
+GM_TEST(gelu_d12_block_twice, .M = 1024, .N = 3072, .K = 768, .gelu = 1, .bias = 1,
+	.determinism = 1)
+GM_TEST(gelu_d24_block_twice, .M = 1536, .N = 4096, .K = 1024, .gelu = 1, .bias = 1,
+	.mean = 1.0, .determinism = 1)
 
 /* DGELU: (M, N = 4C, K = C) as the MLP projection's input gradient; edges in every dimension,
- * every tile, with and without post, pre-activations centred where GELU' changes fastest. */
-/*                                                        M     N         K    post tile mean det bias */
-Test(gemm_sm90, dgelu_post_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 0, 0.0, 0, 1}); }
-Test(gemm_sm90, dgelu_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 0, 0, -1.0, 0, 0}); }
-Test(gemm_sm90, dgelu_bias_edges_128x128) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 0, 0, 0.5, 0, 1}); }
-Test(gemm_sm90, dgelu_post_edges_64x256) { run_dgelu_(&(struct dg_case){130, 4 * C776, C776, 1, 1, 0.0, 0, 1}); }
-Test(gemm_sm90, dgelu_post_edges_128x128c2) { run_dgelu_(&(struct dg_case){300, 4 * C776, C776, 1, 2, 0.0, 0, 1}); }
-Test(gemm_sm90, dgelu_post_one_row_128x128) { run_dgelu_(&(struct dg_case){1, 264, 200, 1, 0, 0.0, 0, 1}); }
-Test(gemm_sm90, dgelu_post_d24_block_twice_128x128) { run_dgelu_(&(struct dg_case){1536, 4096, 1024, 1, 0, 0.0, 1, 1}); }
-Test(gemm_sm90, dgelu_d12_block_twice_128x128) { run_dgelu_(&(struct dg_case){1024, 3072, 768, 0, 0, 0.5, 1, 0}); }
+ * with and without post, pre-activations centred where GELU' changes fastest. */
+#define DG_TEST(name, ...) \
+	Test(gemm_sm90, name) { run_dgelu_(&(struct dg_case){ __VA_ARGS__ }); }
+DG_TEST(dgelu_post_edges, .M = 300, .N = 4 * C776, .K = C776, .post = 1, .bias = 1)
+DG_TEST(dgelu_edges, .M = 300, .N = 4 * C776, .K = C776, .pre_mean = -1.0)
+DG_TEST(dgelu_bias_edges, .M = 300, .N = 4 * C776, .K = C776, .pre_mean = 0.5, .bias = 1)
+DG_TEST(dgelu_post_edges_m130, .M = 130, .N = 4 * C776, .K = C776, .post = 1, .bias = 1)
+DG_TEST(dgelu_post_one_row, .M = 1, .N = 264, .K = 200, .post = 1, .bias = 1)
+DG_TEST(dgelu_post_d24_block_twice, .M = 1536, .N = 4096, .K = 1024, .post = 1,
+	.determinism = 1, .bias = 1)
+DG_TEST(dgelu_d12_block_twice, .M = 1024, .N = 3072, .K = 768, .pre_mean = 0.5,
+	.determinism = 1)
 
 /* Bad arguments fail with an input error and a message, before touching the GPU. */
 Test(gemm_sm90, bad_inputs_fail_cleanly)
 {
 	ng_bf16 *p = (ng_bf16 *)(uintptr_t)4096, *odd = (ng_bf16 *)(uintptr_t)4098;
-	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 100, 64, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 100, 64, 1, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "multiples of 8"), "%s", ng_error_message());
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 60, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 60, 1, 0), NG_ERR_INPUT);
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 0, 64, 64, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 0, 64, 64, 1, 0), NG_ERR_INPUT);
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_fwd(p, NULL, p, p, p, 64, 64, 64, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_fwd(p, NULL, p, p, p, 64, 64, 64, 1, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "NULL"), "%s", ng_error_message());
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_fwd(p, p, odd, p, p, 64, 64, 64, 1, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_fwd(p, p, odd, p, p, 64, 64, 64, 1, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_fwd(p, p, p, p, p, 64, 64, 64, 1, (enum ng_gemm_tile)7, 0),
-		     NG_ERR_INPUT);
-	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_dgelu(p, p, NULL, p, p, p, 64, 100, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, p, NULL, p, p, p, 64, 100, 64, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "multiples of 8"), "%s", ng_error_message());
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_dgelu(p, NULL, NULL, NULL, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, NULL, NULL, NULL, p, p, 64, 64, 64, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "NULL"), "%s", ng_error_message());
 	ng_clear_error();
-	cr_expect_eq(ng_gemm_sm90_dgelu(p, odd, NULL, p, p, p, 64, 64, 64, 0, 0), NG_ERR_INPUT);
+	cr_expect_eq(ng_gemm_sm90_dgelu(p, odd, NULL, p, p, p, 64, 64, 64, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
 	ng_clear_error();
 }

@@ -1,11 +1,19 @@
 /*
  * tests/test_layernorm.c — LayerNorm forward and backward (kernels/layernorm.h) against
- * ng_ref_layernorm_fwd/bwd (graph/cpu_ops.h, double).
+ * ng_ref_layernorm_fwd/bwd (graph/cpu_ops.h, double), on fresh seeded random inputs.
  * bf16 outputs: the rounded reference, 2 ulp + a small atol (cancellation in w*xhat + b).
  * mean/rstd (fp32): NMSE <= 1e-7. dw/db (reductions): the FlashAttention rule against a naive
- * fp32 row loop. Backward bytes identical over two runs. Shapes: N = 3 (T = 1), C = 776,
- * C = 1600 with mean 100 (large-mean inputs), C = 768. The E4M3 copy of the forward: the
- * bytes of a cast of the bf16 output, and its maximum.
+ * fp32 row loop. Backward bytes identical over two runs. The E4M3 copy of the forward: the
+ * bytes of a cast of the bf16 output, and its maximum; without statistics (inference) the
+ * same output bytes.
+ *
+ * The shapes reach every path of kernels/layernorm.cu's dispatch: the forward's register
+ * classes NCH = ceil(C / 256) = 1..8, then 12 and 16 (C up to 4096), each with a C that is not
+ * a multiple of 256 where the class allows (lanes past C masked); the backward's warp per row
+ * (C <= 1024, NCH 1..4, with N past one wave of blocks so that warps stride over rows) and its
+ * staged kernel above (256-thread class up to C = 2048, 512-thread class up to 4096, N below
+ * and above one wave); large-mean inputs; one row. Bad shapes and pointers fail before any
+ * launch (those run without a GPU too).
  */
 #include <criterion/criterion.h>
 
@@ -59,8 +67,16 @@ static void ln_fwd_fp8_same_(int N, int C, const ng_bf16 *out, const void *d_out
 	free(o2), free(g8), free(c8);
 }
 
-static void ln_fwd_case(int N, int C, double mean)
+/* One shape: rows, channels, and the inputs' mean (large means test the centred variance). */
+struct ln_case {
+	int N, C;
+	double mean;
+};
+
+static void ln_fwd_case(const struct ln_case *c)
 {
+	const int N = c->N, C = c->C;
+	const double mean = c->mean;
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
@@ -89,6 +105,13 @@ static void ln_fwd_case(int N, int C, double mean)
 		ymax = fmax(ymax, fabs(ref[i]));
 	check_bf16_(what, seed, out, ref, n, 2.0, 1e-5 * ymax);
 	ln_fwd_fp8_same_(N, C, out, d_out, d_a, d_w, d_bias);
+	void *d_o3 = kt_upload(NULL, n * 2); /* inference: no statistics, the same output */
+	ng_bf16 *o3 = kt_xmalloc(n * 2);
+	kt_ok(ng_layernorm_fwd(d_o3, NULL, NULL, d_a, d_w, d_bias, N, C, 0), "ng_layernorm_fwd");
+	kt_download(o3, d_o3, n * 2);
+	cr_expect(memcmp(o3, out, n * 2) == 0, "N=%d C=%d: without mean/rstd the output differs",
+		  N, C);
+	cudaFree(d_o3), free(o3);
 	double *md = kt_f2d(m, N), *rd = kt_f2d(rs, N);
 	snprintf(what, sizeof(what), "layernorm_fwd mean N=%d C=%d mean=%g", N, C, mean);
 	check_nmse_(what, seed, md, mref, N);
@@ -100,8 +123,10 @@ static void ln_fwd_case(int N, int C, double mean)
 	free(mref), free(rref), free(m), free(rs), free(md), free(rd);
 }
 
-static void ln_bwd_case(int N, int C, double mean)
+static void ln_bwd_case(const struct ln_case *c)
 {
+	const int N = c->N, C = c->C;
+	const double mean = c->mean;
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
@@ -187,22 +212,84 @@ static void ln_bwd_case(int N, int C, double mean)
 	free(dw_ref), free(db_ref), free(nw), free(nb);
 }
 
+/* Forward: every NCH class (C in (256 (NCH - 1), 256 NCH]; 9..12 -> 12, 13..16 -> 16). */
+static const struct ln_case fwd_cases[] = {
+	{ .N = 1, .C = 8, .mean = 3.0 },       /* NCH 1, one row */
+	{ .N = 3, .C = 264 },                  /* 2 */
+	{ .N = 5, .C = 520, .mean = 1.0 },     /* 3 */
+	{ .N = 3, .C = 776 },                  /* 4 */
+	{ .N = 2048, .C = 768, .mean = 0.5 },  /* 3, many blocks */
+	{ .N = 7, .C = 1032 },                 /* 5 */
+	{ .N = 2, .C = 1288 },                 /* 6 */
+	{ .N = 9, .C = 1544 },                 /* 7 */
+	{ .N = 517, .C = 1600, .mean = 100.0 }, /* 7, large mean */
+	{ .N = 4, .C = 2048 },                 /* 8, full */
+	{ .N = 3, .C = 2056 },                 /* 12 (9 chunks used) */
+	{ .N = 2, .C = 3072 },                 /* 12, full */
+	{ .N = 6, .C = 3080 },                 /* 16 (13 chunks used) */
+	{ .N = 2, .C = 4096 },                 /* 16, full: the largest C */
+};
+
+/* Backward: warp per row up to C = 1024 (NCH 1..4), staged above (256 threads up to C = 2048,
+ * 512 up to 4096); N past one wave where noted (warps or blocks take several rows). */
+static const struct ln_case bwd_cases[] = {
+	{ .N = 7, .C = 8, .mean = 1.0 },       /* warp, NCH 1 */
+	{ .N = 5000, .C = 264 },               /* warp, NCH 2, past one wave (792 blocks) */
+	{ .N = 5, .C = 520 },                  /* warp, NCH 3 */
+	{ .N = 3, .C = 776 },                  /* warp, NCH 4 */
+	{ .N = 4096, .C = 768 },               /* warp, NCH 3, past one wave (528 blocks) */
+	{ .N = 1601, .C = 1024 },              /* warp, NCH 4, the largest C, past one wave */
+	{ .N = 9, .C = 1032 },                 /* staged 256, the smallest C, a row a block */
+	{ .N = 1111, .C = 1600, .mean = 100.0 }, /* staged 256, several rows a block */
+	{ .N = 300, .C = 2048 },               /* staged 256, the largest C */
+	{ .N = 70, .C = 2056 },                /* staged 512, the smallest C */
+	{ .N = 13, .C = 3080 },                /* staged 512 */
+	{ .N = 600, .C = 4096 },               /* staged 512, the largest C, several rows a block */
+};
+
 Test(layernorm, fwd_shapes)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	ln_fwd_case(3, 776, 0.0);
-	ln_fwd_case(2048, 768, 0.5);
-	ln_fwd_case(517, 1600, 100.0);
-	ln_fwd_case(1, 8, 3.0);
+	for (size_t i = 0; i < sizeof(fwd_cases) / sizeof(fwd_cases[0]); i++)
+		ln_fwd_case(&fwd_cases[i]);
 }
 
-Test(layernorm, bwd_shapes_and_determinism)
+Test(layernorm, bwd_shapes_and_determinism, .timeout = 300)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	ln_bwd_case(3, 776, 0.0);
-	ln_bwd_case(4096, 768, 0.0);
-	ln_bwd_case(1111, 1600, 100.0);
-	ln_bwd_case(7, 8, 1.0);
+	for (size_t i = 0; i < sizeof(bwd_cases) / sizeof(bwd_cases[0]); i++)
+		ln_bwd_case(&bwd_cases[i]);
+}
+
+/* Bad shapes and pointers: an input error naming the value, before any launch. */
+Test(layernorm, bad_arguments_fail_cleanly)
+{
+	ng_bf16 *p = (ng_bf16 *)(uintptr_t)4096, *odd = (ng_bf16 *)(uintptr_t)4098;
+	float *f = (float *)(uintptr_t)8192;
+	static const struct ln_case bad[] = {
+		{ .N = 4, .C = 12 }, { .N = 4, .C = 4104 }, { .N = 0, .C = 64 }, { .N = 4, .C = 0 },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_expect_eq(ng_layernorm_fwd(p, f, f, p, p, p, bad[i].N, bad[i].C, 0), NG_ERR_INPUT,
+			     "fwd N=%d C=%d", bad[i].N, bad[i].C);
+		ng_clear_error();
+		cr_expect_eq(ng_layernorm_bwd(p, f, f, p, p, p, f, f, bad[i].N, bad[i].C, p, 0),
+			     NG_ERR_INPUT, "bwd N=%d C=%d", bad[i].N, bad[i].C);
+		ng_clear_error();
+	}
+	cr_expect_eq(ng_layernorm_fwd(p, f, f, odd, p, p, 4, 64, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_layernorm_fwd_fp8(p, (uint8_t *)(uintptr_t)4100, f, f, f, f, p, p, p, 4, 64,
+					  0),
+		     NG_ERR_INPUT, "a misaligned E4M3 output");
+	ng_clear_error();
+	cr_expect_eq(ng_layernorm_fwd_fp8(p, (uint8_t *)(uintptr_t)4096, NULL, f, f, f, p, p, p, 4,
+					  64, 0),
+		     NG_ERR_INPUT, "an E4M3 output without a scale");
+	ng_clear_error();
+	cr_expect_eq(ng_layernorm_bwd_scratch_bytes(0, 64), 0);
+	cr_expect_eq(ng_layernorm_bwd_scratch_bytes(4, 0), 0);
 }

@@ -417,32 +417,56 @@ static void run_case_(const struct mm_case *c)
 
 #define C776 776
 #define VP 50304
-/*                                     kind          N    IC     OC  gelu bias acc tune calls off mean det colsum own */
-Test(matmul, fwd_bias_n1) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
-Test(matmul, fwd_gelu_bias_large_mean) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, 4 * C776, 1, 1, 0, 0, 1, 0, 3.0, 1, 0, 0}); }
-Test(matmul, fwd_gelu_bias_offset16) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 0, 1, 16, 0.0, 0, 0, 0}); }
+#define MM_TEST(name, ...) \
+	Test(matmul, name) { run_case_(&(struct mm_case){ __VA_ARGS__ }); }
+MM_TEST(fwd_bias_n1, .kind = NG_MATMUL_FWD, .N = 1, .IC = C776, .OC = 3 * C776, .bias = 1,
+	.calls = 1)
+MM_TEST(fwd_gelu_bias_large_mean, .kind = NG_MATMUL_FWD, .N = 111, .IC = C776, .OC = 4 * C776,
+	.gelu = 1, .bias = 1, .calls = 1, .mean = 3.0, .determinism = 1)
+MM_TEST(fwd_gelu_bias_offset16, .kind = NG_MATMUL_FWD, .N = 37, .IC = C776, .OC = 4 * C776,
+	.gelu = 1, .bias = 1, .calls = 1, .offset = 16)
 /* our own GEMM through the plan, the same checks (FWD only) */
-Test(matmul, fwd_gelu_bias_large_mean_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, 4 * C776, 1, 1, 0, 1, 1, 0, 3.0, 1, 0, 1}); }
-Test(matmul, fwd_gelu_bias_offset16_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 37, C776, 4 * C776, 1, 1, 0, 1, 1, 16, 0.0, 0, 0, 1}); }
-Test(matmul, fwd_bias_n1_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 1, C776, 3 * C776, 0, 1, 0, 1, 1, 0, 0.0, 0, 0, 1}); }
-Test(matmul, fwd_head_vp_own) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 1, 1, 0, 0.0, 1, 0, 1}); }
-Test(matmul, fwd_bias_residual) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 111, C776, C776, 0, 1, 1, 0, 1, 0, 0.0, 1, 0, 0}); }
-Test(matmul, fwd_bias_residual_autotune_offset16) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 96, 4 * C776, C776, 0, 1, 1, 1, 1, 16, 1.0, 0, 0, 0}); }
-Test(matmul, fwd_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
-Test(matmul, fwd_gelu_autotune) { run_case_(&(struct mm_case){NG_MATMUL_FWD, 64, 256, 1024, 1, 0, 0, 1, 1, 0, 0.0, 0, 0, 0}); }
-Test(matmul, dinp_plain) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, C776, 3 * C776, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
-Test(matmul, dinp_dgelu) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1, 0, 0}); }
-Test(matmul, dinp_dgelu_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
-Test(matmul, dinp_dgelu_own) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 111, 4 * C776, C776, 1, 0, 0, 0, 1, 0, 0.0, 1, 0, 1}); }
-Test(matmul, dinp_dgelu_own_offset16_n1) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 1, 4 * C776, C776, 1, 0, 0, 0, 1, 16, 0.0, 0, 0, 1}); }
-Test(matmul, dinp_head_vp) { run_case_(&(struct mm_case){NG_MATMUL_DINP, 24, C776, VP, 0, 0, 0, 0, 1, 0, 0.0, 0, 0, 0}); }
-Test(matmul, dw_bias_accumulate) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 0, 2, 0, 0.0, 1, 0, 0}); }
-Test(matmul, dw_bias_accumulate_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, C776, 4 * C776, 0, 1, 1, 0, 2, 0, 0.0, 0, 0, 0}); }
-Test(matmul, dw_bias_accumulate_offset16_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 96, 4 * C776, C776, 0, 1, 1, 1, 2, 16, 1.0, 0, 0, 0}); }
-Test(matmul, dw_head_accumulate_vp) { run_case_(&(struct mm_case){NG_MATMUL_DW, 24, C776, VP, 0, 0, 1, 0, 2, 0, 0.0, 0, 0, 0}); }
-Test(matmul, dw_colsum_accumulate_autotune) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, C776, 3 * C776, 0, 1, 1, 1, 2, 0, 0.0, 1, 1, 0}); }
-Test(matmul, dw_colsum_overwrite_n1) { run_case_(&(struct mm_case){NG_MATMUL_DW, 1, 4 * C776, C776, 0, 1, 0, 0, 2, 16, 0.0, 0, 1, 0}); }
-Test(matmul, dw_bias_overwrite) { run_case_(&(struct mm_case){NG_MATMUL_DW, 111, 4 * C776, C776, 0, 1, 0, 0, 2, 0, 0.0, 0, 0, 0}); }
+MM_TEST(fwd_gelu_bias_large_mean_own, .kind = NG_MATMUL_FWD, .N = 111, .IC = C776, .OC = 4 * C776,
+	.gelu = 1, .bias = 1, .autotune = 1, .calls = 1, .mean = 3.0, .determinism = 1, .own = 1)
+MM_TEST(fwd_gelu_bias_offset16_own, .kind = NG_MATMUL_FWD, .N = 37, .IC = C776, .OC = 4 * C776,
+	.gelu = 1, .bias = 1, .autotune = 1, .calls = 1, .offset = 16, .own = 1)
+MM_TEST(fwd_bias_n1_own, .kind = NG_MATMUL_FWD, .N = 1, .IC = C776, .OC = 3 * C776, .bias = 1,
+	.autotune = 1, .calls = 1, .own = 1)
+MM_TEST(fwd_head_vp_own, .kind = NG_MATMUL_FWD, .N = 24, .IC = C776, .OC = VP, .autotune = 1,
+	.calls = 1, .determinism = 1, .own = 1)
+MM_TEST(fwd_bias_residual, .kind = NG_MATMUL_FWD, .N = 111, .IC = C776, .OC = C776, .bias = 1,
+	.accumulate = 1, .calls = 1, .determinism = 1)
+MM_TEST(fwd_bias_residual_autotune_offset16, .kind = NG_MATMUL_FWD, .N = 96, .IC = 4 * C776,
+	.OC = C776, .bias = 1, .accumulate = 1, .autotune = 1, .calls = 1, .offset = 16,
+	.mean = 1.0)
+MM_TEST(fwd_head_vp, .kind = NG_MATMUL_FWD, .N = 24, .IC = C776, .OC = VP, .calls = 1)
+MM_TEST(fwd_gelu_autotune, .kind = NG_MATMUL_FWD, .N = 64, .IC = 256, .OC = 1024, .gelu = 1,
+	.autotune = 1, .calls = 1)
+MM_TEST(dinp_plain, .kind = NG_MATMUL_DINP, .N = 111, .IC = C776, .OC = 3 * C776, .calls = 1)
+MM_TEST(dinp_dgelu, .kind = NG_MATMUL_DINP, .N = 111, .IC = 4 * C776, .OC = C776, .gelu = 1,
+	.calls = 1, .determinism = 1)
+MM_TEST(dinp_dgelu_n1, .kind = NG_MATMUL_DINP, .N = 1, .IC = 4 * C776, .OC = C776, .gelu = 1,
+	.calls = 1)
+MM_TEST(dinp_dgelu_own, .kind = NG_MATMUL_DINP, .N = 111, .IC = 4 * C776, .OC = C776, .gelu = 1,
+	.calls = 1, .determinism = 1, .own = 1)
+MM_TEST(dinp_dgelu_own_offset16_n1, .kind = NG_MATMUL_DINP, .N = 1, .IC = 4 * C776, .OC = C776,
+	.gelu = 1, .calls = 1, .offset = 16, .own = 1)
+MM_TEST(dinp_head_vp, .kind = NG_MATMUL_DINP, .N = 24, .IC = C776, .OC = VP, .calls = 1)
+MM_TEST(dw_bias_accumulate, .kind = NG_MATMUL_DW, .N = 111, .IC = C776, .OC = 3 * C776, .bias = 1,
+	.accumulate = 1, .calls = 2, .determinism = 1)
+MM_TEST(dw_bias_accumulate_n1, .kind = NG_MATMUL_DW, .N = 1, .IC = C776, .OC = 4 * C776, .bias = 1,
+	.accumulate = 1, .calls = 2)
+MM_TEST(dw_bias_accumulate_offset16_autotune, .kind = NG_MATMUL_DW, .N = 96, .IC = 4 * C776,
+	.OC = C776, .bias = 1, .accumulate = 1, .autotune = 1, .calls = 2, .offset = 16,
+	.mean = 1.0)
+MM_TEST(dw_head_accumulate_vp, .kind = NG_MATMUL_DW, .N = 24, .IC = C776, .OC = VP, .accumulate = 1,
+	.calls = 2)
+MM_TEST(dw_colsum_accumulate_autotune, .kind = NG_MATMUL_DW, .N = 111, .IC = C776, .OC = 3 * C776,
+	.bias = 1, .accumulate = 1, .autotune = 1, .calls = 2, .determinism = 1, .colsum = 1)
+MM_TEST(dw_colsum_overwrite_n1, .kind = NG_MATMUL_DW, .N = 1, .IC = 4 * C776, .OC = C776, .bias = 1,
+	.calls = 2, .offset = 16, .colsum = 1)
+MM_TEST(dw_bias_overwrite, .kind = NG_MATMUL_DW, .N = 111, .IC = 4 * C776, .OC = C776, .bias = 1,
+	.calls = 2)
 
 Test(matmul, bad_inputs_fail_cleanly)
 {

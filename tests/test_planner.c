@@ -325,7 +325,7 @@ Test(planner, recompute_auto_takes_the_least_that_fits, .init = setup_, .timeout
  * (--recompute fp8) are the last rung, taken only when nothing else fits. */
 Test(planner, recompute_auto_reaches_the_fp8_copies, .init = setup_)
 {
-	struct ng_gpt_config c = { 4, 4, 256, 128, 1000, 0 };
+	struct ng_gpt_config c = { .L = 4, .H = 4, .C = 256, .T = 128, .V = 1000 };
 	cr_assert_eq(ng_gpt_check(&c), NG_OK, "%s", ng_error_message());
 	struct ng_step_options base;
 	ng_step_default_options(&base);

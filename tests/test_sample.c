@@ -33,8 +33,8 @@ static float round_bf16(float f)
 static float *random_model(struct ng_gpt_config *cfg, struct ng_gpt_layout *lay, struct ng_rng *r,
 			   uint64_t seed)
 {
-	*cfg = (struct ng_gpt_config){ 2 + (int)ng_rng_below(r, 2), 4, 128, 64,
-				       300 + (int)ng_rng_below(r, 300), 0 };
+	*cfg = (struct ng_gpt_config){ .L = 2 + (int)ng_rng_below(r, 2), .H = 4, .C = 128, .T = 64,
+				       .V = 300 + (int)ng_rng_below(r, 300) };
 	cr_assert_eq(ng_gpt_check(cfg), NG_OK);
 	ng_gpt_layout(cfg, lay);
 	float *p = malloc(lay->total * sizeof(float));
@@ -244,7 +244,7 @@ Test(sample, stops_at_end_of_text)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	struct ng_gpt_config cfg = { 1, 2, 64, 64, NG_SAMPLER_EOT + 1, 0 };
+	struct ng_gpt_config cfg = { .L = 1, .H = 2, .C = 64, .T = 64, .V = NG_SAMPLER_EOT + 1 };
 	cr_assert_eq(ng_gpt_check(&cfg), NG_OK);
 	struct ng_gpt_layout lay;
 	ng_gpt_layout(&cfg, &lay);

@@ -744,7 +744,7 @@ Test(step, gelu_backward_pick)
 /* The init log's and plan's words for what a graph recomputes. */
 Test(step, recompute_names)
 {
-	struct ng_gpt_config c = { 4, 2, 32, 64, 100, 0 };
+	struct ng_gpt_config c = { .L = 4, .H = 2, .C = 32, .T = 64, .V = 100 };
 	cr_assert_eq(ng_gpt_check(&c), NG_OK, "%s", ng_error_message());
 	struct { int g, kg, l, kl; const char *want; } k[] = {
 		{ 0, 0, 0, 0, "none" },

@@ -57,7 +57,7 @@ static void check_split_master(struct ng_exec *e, float *p1)
 static void tiny_config(struct ng_exec_config *c, int T, int C, int H, int V, int B, int K)
 {
 	memset(c, 0, sizeof(*c));
-	c->model = (struct ng_gpt_config){ 2, H, C, T, V, 0 };
+	c->model = (struct ng_gpt_config){ .L = 2, .H = H, .C = C, .T = T, .V = V };
 	cr_assert_eq(ng_gpt_check(&c->model), NG_OK, "%s", ng_error_message());
 	c->B = B;
 	c->T = T;
@@ -109,7 +109,7 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	 * per input gradient, which the backward carries down into every gradient: 4x that */
 	const double tol_grad = fp8 ? 0.33 : 4e-2, tol_loss = fp8 ? 2e-2 : 1e-2;
 	struct ng_exec e;
-	enum ng_status st = ng_exec_init(&e, &c);
+	enum ng_status st = ng_exec_init(&e, &c, NULL);
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
 	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s%s): planned, %s\n",
 		ng_step_gelu_fusion_name(e.train.fuse_gelu), fp8 ? ", fp8" : "",
@@ -249,7 +249,7 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 		tiny_config(&c, 64, 64, 2, 500, 4, 2);
 		c.step.fp8 = NG_FP8_EVERY;
 		struct ng_exec e;
-		cr_assert_eq(ng_exec_init(&e, &c), NG_ERR_INPUT);
+		cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_ERR_INPUT);
 		ng_exec_free(&e);
 		cr_skip_test("no FP8 on sm_%d%d (init refused it, as it should)", major, minor);
 	}
@@ -269,7 +269,7 @@ static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 	c.no_graph = no_graph;
 	c.sched.total = steps;
 	struct ng_exec e;
-	cr_assert_eq(ng_exec_init(&e, &c), NG_OK, "init: %s", ng_error_message());
+	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
 	struct ng_synth s;
 	cr_assert_eq(ng_synth_init(&s, c.model.V, 3), NG_OK);
 	int got = 0;

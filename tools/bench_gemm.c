@@ -37,21 +37,21 @@ struct bufs {
 	void *a, *w, *bias, *out, *aux, *out2, *aux2, *ws;
 };
 
-/* One candidate: cuBLASLt's plan (tile < 0) or the own kernel with that tile. */
+/* One candidate: cuBLASLt's plan (own 0) or our own kernel (own 1). */
 struct cand {
 	const struct ng_matmul *mm;
-	int tile;
+	int own;
 	int M, N, K, gelu;
 };
 
 static int run_(const struct cand *c, const struct bufs *b, int second)
 {
 	void *out = second ? b->out2 : b->out, *aux = second ? b->aux2 : b->aux;
-	if (c->tile < 0)
+	if (!c->own)
 		return ng_matmul_run(c->mm, out, b->a, b->w, b->bias, c->gelu ? aux : NULL, NULL,
 				     b->ws, 0) != NG_OK;
 	return ng_gemm_sm90_fwd(out, c->gelu ? aux : NULL, b->a, b->w, b->bias, c->M, c->N, c->K,
-				c->gelu, (enum ng_gemm_tile)c->tile, 0) != NG_OK;
+				c->gelu, 0) != NG_OK;
 }
 
 /* Sustained timing (tools/bench_sustained.h) of one candidate. */
@@ -155,11 +155,12 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 			fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
 			return 1;
 		}
-		enum { NC = 1 + NG_GEMM_TILES };
+		enum { NC = 2 }; /* cuBLASLt's, ours */
 		struct cand c[NC];
 		float best[NC];
 		for (int k = 0; k < NC; k++) {
-			c[k] = (struct cand){ k ? NULL : &mm, k - 1, M, OC, IC, mms[i].gelu };
+			c[k] = (struct cand){ .mm = k ? NULL : &mm, .own = k, .M = M, .N = OC, .K = IC,
+					      .gelu = mms[i].gelu };
 			best[k] = 1e30f;
 		}
 		for (int round = 0; round < 3 && !rc; round++)
@@ -174,25 +175,18 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 			break;
 		}
 		double flop = 2.0 * M * OC * IC;
-		static const char *tname[NG_GEMM_TILES] = { "128x128", "64x256", "128x128c2" };
-		printf("%-10s cuBLASLt %.4f (%.0f)", mms[i].name, best[0], flop / best[0] / 1e9);
-		for (int k = 1; k < NC; k++)
-			printf(" | %s %.4f (%.0f)", tname[k - 1], best[k], flop / best[k] / 1e9);
-		/* the outputs: cuBLASLt's into out/aux, each tile's into out2/aux2 */
+		printf("%-10s cuBLASLt %.4f (%.0f) | own %.4f (%.0f)", mms[i].name, best[0],
+		       flop / best[0] / 1e9, best[1], flop / best[1] / 1e9);
+		/* the outputs: cuBLASLt's into out/aux, ours into out2/aux2 */
 		size_t n = (size_t)M * OC;
-		for (int k = 1; k < NC && !rc; k++) {
-			rc = run_(&c[0], &b, 0) || run_(&c[k], &b, 1) ||
-			     NG_CUDA_CHECK(cudaDeviceSynchronize());
-			if (!rc) {
-				printf(" | diff t%d out %.2e", k - 1, rel_diff_(b.out2, b.out, n));
-				if (mms[i].gelu)
-					printf(" aux %.2e", rel_diff_(b.aux2, b.aux, n));
-			}
+		rc = run_(&c[0], &b, 0) || run_(&c[1], &b, 1) || NG_CUDA_CHECK(cudaDeviceSynchronize());
+		if (!rc) {
+			printf(" | diff out %.2e", rel_diff_(b.out2, b.out, n));
+			if (mms[i].gelu)
+				printf(" aux %.2e", rel_diff_(b.aux2, b.aux, n));
 		}
 		printf("\n");
 		float own = best[1];
-		for (int k = 2; k < NC; k++)
-			own = best[k] < own ? best[k] : own;
 		*sum_lt += L * best[0];
 		*sum_own += L * (own < best[0] ? own : best[0]);
 		ng_matmul_free(&mm);
@@ -210,13 +204,11 @@ struct dg_arg {
 };
 
 enum { DG_PAIR, DG_DINP, DG_GELU_BWD, DG_TRANSPOSE, DG_OWN_POST, DG_OWN, DG_OWN_POST_T,
-       DG_OWN_POST_64x256, DG_OWN_POST_C2, DG_OWN_FWD_GELU, DG_OWN_POST_X, DG_DINP_X,
-       DG_OWN_POST_M, DG_OWN_POST_BIAS, DG_WAYS };
+       DG_OWN_FWD_GELU, DG_OWN_POST_X, DG_DINP_X, DG_OWN_POST_M, DG_OWN_POST_BIAS, DG_WAYS };
 static const char *dg_name[DG_WAYS] = {
 	"cuBLASLt dinp + gelu_bwd_bias (recompute)", "  cuBLASLt dinp alone",
 	"  gelu_bwd_bias + recompute alone", "W^T transpose alone", "own DGELU + post",
-	"own DGELU (no post)", "own DGELU + post + W^T transpose", "own DGELU + post, 64x256",
-	"own DGELU + post, 128x128 clusters of 2", "own forward GELU, same shape",
+	"own DGELU (no post)", "own DGELU + post + W^T transpose", "own forward GELU, same shape",
 	"own DGELU + post after a transpose elsewhere", "cuBLASLt dinp after a transpose elsewhere",
 	"own DGELU + post after a 1 MiB memset", "own DGELU + post + bias gradient (reduced)" };
 
@@ -245,29 +237,22 @@ static int dg_launch_(const void *arg)
 					   (char *)d->ws + ((size_t)24 << 20), 0);
 		else if (!st)
 			st = ng_gemm_sm90_dgelu(d->dpre, d->post, NULL, d->pre, d->dout, d->wt, d->M,
-						d->N, d->K, NG_GEMM_TILE_128x128, 0);
+						d->N, d->K, 0);
 		break;
 	case DG_OWN_POST_T:
 		st = ng_transpose_bf16(d->wt, d->w, d->K, d->N, 1, 0);
 		/* fall through */
-	case DG_OWN_POST: case DG_OWN: case DG_OWN_POST_64x256: case DG_OWN_POST_C2:
-	case DG_OWN_POST_BIAS:
+	case DG_OWN_POST: case DG_OWN: case DG_OWN_POST_BIAS:
 		if (!st)
 			st = ng_gemm_sm90_dgelu(d->dpre, d->way == DG_OWN ? NULL : d->post,
 						d->way == DG_OWN_POST_BIAS ? d->part : NULL, d->pre,
-						d->dout, d->wt, d->M, d->N, d->K,
-						d->way == DG_OWN_POST_64x256 ? NG_GEMM_TILE_64x256
-						: d->way == DG_OWN_POST_C2 ? NG_GEMM_TILE_128x128_C2
-									     : NG_GEMM_TILE_128x128,
-						0);
+						d->dout, d->wt, d->M, d->N, d->K, 0);
 		if (!st && d->way == DG_OWN_POST_BIAS)
-			st = ng_bias_grad_reduce(d->dbias, d->part,
-						 ng_gemm_sm90_dgelu_parts(d->M, NG_GEMM_TILE_128x128),
+			st = ng_bias_grad_reduce(d->dbias, d->part, ng_gemm_sm90_dgelu_parts(d->M),
 						 d->N, 0, 0);
 		break;
 	default: /* the forward: (M, N) = (M, K) @ (N, K)^T with GELU */
-		st = ng_gemm_sm90_fwd(d->post, d->dpre, d->dout, d->wt, NULL, d->M, d->N, d->K, 1,
-				      NG_GEMM_TILE_128x128, 0);
+		st = ng_gemm_sm90_fwd(d->post, d->dpre, d->dout, d->wt, NULL, d->M, d->N, d->K, 1, 0);
 	}
 	return st != NG_OK;
 }
@@ -287,7 +272,7 @@ static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul
 		 NG_CUDA_CHECK(cudaMalloc(&d.post, big * 2)) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.dbias, (size_t)N * 4)) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.part, (size_t)N * 4 *
-				 (size_t)ng_gemm_sm90_dgelu_parts(M, NG_GEMM_TILE_128x128) +
+				 (size_t)ng_gemm_sm90_dgelu_parts(M) +
 				 ng_bias_grad_scratch_bytes(M, N))) ||
 		 NG_CUDA_CHECK(cudaMalloc(&d.ws, ctx->workspace_bytes + ((size_t)48 << 20)));
 	rc = rc || fill_(d.dout, (size_t)M * K, 1.0, &r) ||

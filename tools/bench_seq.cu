@@ -15,8 +15,7 @@
  * the tool times P alone and the pair P, X under sustained load (tools/bench_sustained.h),
  * three rounds, best of each, and prints X's time in the pair: pair - P alone.
  * Usage: bench_seq [d12|d24|d48] [--once] (d24 by default). --once: each GEMM twice, no
- * predecessor and no timing, then our clustered and 64x256 tiles at the qkv shape twice: for a
- * profiler (ncu) to read one launch of each.
+ * predecessor and no timing: for a profiler (ncu) to read one launch of each.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -102,15 +101,14 @@ static int launch_x_(const struct seq_arg *a)
 	case X_OWN_DGELU:
 		st = ng_gemm_sm90_dgelu((ng_bf16 *)a->dpre, (ng_bf16 *)a->post, NULL,
 					(const ng_bf16 *)a->pre, (const ng_bf16 *)a->dout,
-					(const ng_bf16 *)a->w2t, M, 4 * C, C, NG_GEMM_TILE_128x128, 0);
+					(const ng_bf16 *)a->w2t, M, 4 * C, C, 0);
 		break;
 	case X_LT_DINP:
 		st = ng_matmul_run(a->dinp, a->dpre, a->dout, a->w2, NULL, NULL, NULL, a->ws, 0);
 		break;
 	case X_OWN_FWD:
 		st = ng_gemm_sm90_fwd((ng_bf16 *)a->outq, NULL, (const ng_bf16 *)a->inp,
-				      (const ng_bf16 *)a->wq, NULL, M, 3 * C, C, 0,
-				      NG_GEMM_TILE_128x128, 0);
+				      (const ng_bf16 *)a->wq, NULL, M, 3 * C, C, 0, 0);
 		break;
 	case X_LT_FWD:
 		st = ng_matmul_run(a->fwd, a->outq, a->inp, a->wq, NULL, NULL, NULL, a->ws, 0);
@@ -215,15 +213,6 @@ int main(int argc, char **argv)
 		for (a.x = 0; a.x < X_COUNT; a.x++)
 			for (int r = 0; r < 2; r++)
 				if (launch_x_(&a) || NG_CUDA_CHECK(cudaDeviceSynchronize()))
-					goto fail;
-		/* and our other tiles at the qkv shape: 128x128 in clusters of 2, 64x256 */
-		const enum ng_gemm_tile more[2] = { NG_GEMM_TILE_128x128_C2, NG_GEMM_TILE_64x256 };
-		for (int k = 0; k < 2; k++)
-			for (int r = 0; r < 2; r++)
-				if (ng_gemm_sm90_fwd((ng_bf16 *)a.outq, NULL, (const ng_bf16 *)a.inp,
-						     (const ng_bf16 *)a.wq, NULL, a.M, 3 * C, C, 0, more[k],
-						     0) != NG_OK ||
-				    NG_CUDA_CHECK(cudaDeviceSynchronize()))
 					goto fail;
 		printf("bench_seq --once: each GEMM ran twice\n");
 		return 0;

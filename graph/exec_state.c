@@ -1,139 +1,72 @@
 /*
- * graph/exec_host.c — the host side of the GPU executor after ng_exec_init: feeding tokens,
- * launching a step (graph replay or eager), collecting metrics from the pinned ring a step late,
- * evaluation, copying persistent tensors in and out (checkpoints, tests), the per-op profile
- * table and the captured graph's DOT dump. Planning, capture and run_op live in exec.c.
+ * graph/exec_state.c — the training state in the arena and the host (see exec.h): the seeded
+ * initial state, copies of persistent tensors in and out (checkpoints, tests), and the fp32
+ * master, which the arena keeps split into its bf16 copy and a low half (kernels/split.h) while
+ * the host API stays fp32; with ZeRO-1 the low half and the moments are this rank's shard.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph/exec.h"
 #include "graph/exec_internal.h"
 #include "kernels/check.h"
+#include "kernels/fp8.h"
 #include "kernels/split.h"
 
 /* Elements per host staging chunk of the split master (2 x 2 bytes each: 64 MiB). */
 #define SPLIT_CHUNK ((size_t)1 << 24)
 
-void ng_exec_print_profile(const struct ng_exec *e, void *file)
+/* --fp8 dinp: before any step has recorded a gradient maximum, an E5M2 scale of 1 would flush
+ * the first steps' gradients to zero (the loss is a mean over the N*K tokens of a step, so they
+ * are ~1/(N*K) small; E5M2's smallest is 2^-16). Each gradient slot's history starts with the
+ * maximum that gives the scale N*K (undoing the mean) instead; the real maxima replace it as it
+ * leaves the window (NG_FP8_HISTORY steps). Fields as graph/step.h "FP8". */
+enum ng_status ng_exec_seed_grad_scales_(struct ng_exec *e, const struct ng_graph *g)
 {
-	FILE *f = file;
-	const struct ng_graph *g = &e->train;
-	if (!e->op_ms)
-		return;
-	struct row {
-		int kind, which;
-		double ms;
-		int count;
-	} rows[NG_OP_KIND_COUNT * NG_OP_WHICH_COUNT];
-	int nr = 0;
-	double total = 0;
-	for (int i = 0; i < g->n_ops; i++) {
-		const struct ng_op *op = &g->ops[i];
-		int j = 0;
-		while (j < nr && !(rows[j].kind == (int)op->kind && rows[j].which == (int)op->which))
-			j++;
-		if (j == nr)
-			rows[nr++] = (struct row){ op->kind, op->which, 0, 0 };
-		rows[j].ms += e->op_ms[i];
-		rows[j].count++;
-		total += e->op_ms[i];
-	}
-	for (int a = 1; a < nr; a++) /* insertion sort, largest first */
-		for (int b = a; b > 0 && rows[b].ms > rows[b - 1].ms; b--) {
-			struct row t = rows[b];
-			rows[b] = rows[b - 1];
-			rows[b - 1] = t;
-		}
-	fprintf(f, "profile of one step, %s (%d ops, %.2f ms of device time):\n",
-		e->profile_replayed ? "graph replays with an event after each op, median of 4"
-				    : "ops launched eagerly", g->n_ops, total);
-	for (int j = 0; j < nr; j++)
-		fprintf(f, "  %-24s %-8s x%-4d %8.3f ms  %5.1f%%\n", ng_op_kind_name(rows[j].kind),
-			ng_op_which_name(rows[j].which), rows[j].count, rows[j].ms,
-			100 * rows[j].ms / total);
-}
-
-void ng_exec_request_stop(struct ng_exec *e)
-{
-	*(volatile float *)e->h_stop = 1.0f;
-}
-
-enum ng_status ng_exec_input(struct ng_exec *e, uint16_t **tokens)
-{
-	/* The previous step's token copy must have run before the buffer is refilled. */
-	if (NG_CUDA_CHECK(cudaEventSynchronize(e->h2d_done)))
-		return NG_ERR_RUNTIME;
-	*tokens = e->h_tokens;
-	return NG_OK;
-}
-
-enum ng_status ng_exec_submit(struct ng_exec *e)
-{
-	if (e->submitted - e->collected >= NG_EXEC_RING)
-		return ng_fail(NG_ERR_RUNTIME, "metrics ring overrun: %lld steps not collected",
-			       e->submitted - e->collected);
-	enum ng_status st;
-	if (e->submitted == 0 && NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream)))
-		return NG_ERR_RUNTIME;
-	if (e->cfg.no_graph)
-		st = ng_exec_run_eager_(e, &e->train, e->train_plan);
-	else
-		st = NG_CUDA_CHECK(cudaGraphLaunch(e->train_exec, e->stream));
-	if (st)
-		return st;
-	if (NG_CUDA_CHECK(cudaEventRecord(e->done[e->submitted % NG_EXEC_RING], e->stream)))
-		return NG_ERR_RUNTIME;
-	e->submitted++;
-	return NG_OK;
-}
-
-enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out, float *ms, int max,
-			       bool wait, int *n)
-{
-	*n = 0;
-	while (e->collected < e->submitted && *n < max) {
-		cudaEvent_t ev = e->done[e->collected % NG_EXEC_RING];
-		cudaError_t q = wait ? cudaEventSynchronize(ev) : cudaEventQuery(ev);
-		if (q == cudaErrorNotReady)
-			break;
-		if (NG_CUDA_CHECK(q))
-			return NG_ERR_RUNTIME;
-		if (ms) {
-			cudaEvent_t prev = e->collected ? e->done[(e->collected - 1) % NG_EXEC_RING]
-							: e->start;
-			float t = 0;
-			if (NG_CUDA_CHECK(cudaEventElapsedTime(&t, prev, ev)))
-				return NG_ERR_RUNTIME;
-			ms[*n] = t;
-		}
-		out[(*n)++] = e->ring[(e->collected + e->step_base) % NG_EXEC_RING];
-		e->collected++;
-	}
-	return NG_OK;
-}
-
-enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss)
-{
-	if (e->cfg.eval_batches == 0)
-		return ng_fail(NG_ERR_RUNTIME, "no evaluation graph was planned");
-	const struct ng_graph *g = &e->eval;
-	if (NG_CUDA_CHECK(cudaStreamSynchronize(e->stream)))
-		return NG_ERR_RUNTIME;
-	memcpy(e->h_eval_tokens, tokens,
-	       (size_t)e->cfg.eval_batches * e->cfg.B * (e->cfg.T + 1) * sizeof(uint16_t));
-	enum ng_status st = e->cfg.no_graph ? ng_exec_run_eager_(e, g, e->eval_plan)
-					    : NG_CUDA_CHECK(cudaGraphLaunch(e->eval_exec, e->stream));
-	float l = 0;
-	if (!st)
-		st = NG_CUDA_CHECK(cudaMemcpyAsync(&l, ng_exec_tensor_(e, g, g->t_eval_loss), sizeof(float),
-						   cudaMemcpyDeviceToHost, e->stream));
+	const int L = g->cfg.L, S4 = ng_fp8_fwd_slots(L), n = ng_fp8_slots(L) - S4;
+	float *h = calloc((size_t)n * NG_FP8_HISTORY, sizeof(float));
+	if (!h)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+	double tokens = (double)g->B * g->T * g->K;
+	for (int k = 0; k < n; k++)
+		h[(size_t)k * NG_FP8_HISTORY] =
+			(float)(NG_FP8_E5M2_MAX / (ldexp(1.0, NG_FP8_ACT_MARGIN) * tokens));
+	float *f = ng_exec_tensor_(e, g, g->t_fp8_state);
+	/* on e->stream, after the memset that zeroed the state (a plain cudaMemcpy would run on
+	 * the legacy stream, unordered with this non-blocking one), and waited for before h goes */
+	enum ng_status st = NG_CUDA_CHECK(cudaMemcpyAsync(
+		f + ng_fp8_field_at(L, NG_FP8_HIST) + (size_t)S4 * NG_FP8_HISTORY, h,
+		(size_t)n * NG_FP8_HISTORY * sizeof(float), cudaMemcpyHostToDevice, e->stream));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
-	*loss = l;
+	free(h);
 	return st;
 }
+
+/* Parameters from the seeded init (split into the bf16 copy and the low half); zero grads,
+ * moments and the step state. */
+enum ng_status ng_exec_reset_state_(struct ng_exec *e)
+{
+	const struct ng_graph *g = &e->train;
+	size_t n = g->lay.total;
+	float *h = malloc(n * sizeof(float));
+	if (!h)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for %zu parameters", n);
+	ng_gpt_init(&g->cfg, &g->lay, e->cfg.seed, h);
+	enum ng_status st = ng_exec_upload_params_(e, h);
+	free(h);
+	int zero[] = { g->t_grads, g->t_adam_m, g->t_adam_v, g->t_step_state, g->t_fp8_state };
+	for (int i = 0; i < 5 && !st && zero[i] >= 0; i++)
+		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, zero[i]), 0, g->tensors[zero[i]].bytes,
+						   e->stream));
+	if (!st && (g->fp8 & NG_FP8_DINP_ALL))
+		st = ng_exec_seed_grad_scales_(e, g);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	return st;
+}
+
 
 enum ng_status ng_exec_download(struct ng_exec *e, int tensor, void *host)
 {
@@ -324,33 +257,4 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	if (!st)
 		e->step_base = step - e->collected;
 	return st;
-}
-
-enum ng_status ng_exec_dump_cuda_graph(struct ng_exec *e, const char *path, char *text, size_t n)
-{
-	if (!e->train_graph)
-		return ng_fail(NG_ERR_RUNTIME, "no captured graph (--no-graph?)");
-	if (NG_CUDA_CHECK(cudaGraphDebugDotPrint(e->train_graph, path,
-						 cudaGraphDebugDotFlagsVerbose)))
-		return NG_ERR_RUNTIME;
-	size_t count = 0;
-	if (NG_CUDA_CHECK(cudaGraphGetNodes(e->train_graph, NULL, &count)))
-		return NG_ERR_RUNTIME;
-	cudaGraphNode_t *nodes = malloc(sizeof(*nodes) * (count ? count : 1));
-	if (!nodes)
-		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
-	cudaGraphGetNodes(e->train_graph, nodes, &count);
-	size_t by[16] = { 0 };
-	for (size_t i = 0; i < count; i++) {
-		enum cudaGraphNodeType t;
-		cudaGraphNodeGetType(nodes[i], &t);
-		by[(unsigned)t < 16 ? (unsigned)t : 15]++;
-	}
-	free(nodes);
-	snprintf(text, n, "%zu nodes: %zu kernel, %zu memcpy, %zu memset, %zu event record, "
-		 "%zu other", count, by[cudaGraphNodeTypeKernel], by[cudaGraphNodeTypeMemcpy],
-		 by[cudaGraphNodeTypeMemset], by[cudaGraphNodeTypeEventRecord],
-		 count - by[cudaGraphNodeTypeKernel] - by[cudaGraphNodeTypeMemcpy] -
-			 by[cudaGraphNodeTypeMemset] - by[cudaGraphNodeTypeEventRecord]);
-	return NG_OK;
 }
