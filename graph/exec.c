@@ -6,6 +6,7 @@
  */
 #include "graph/exec.h"
 #include "graph/exec_internal.h"
+#include "graph/optim_muon.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -590,6 +591,8 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 		return ng_encoder_bwd_work_bytes(g->B, g->T, m->C);
 	case NG_OP_GRAD_NORM:
 		return ng_grad_norm_scratch_bytes(g->lay.total);
+	case NG_OP_MUON:
+		return ng_optim_muon_scratch_bytes(m, e->cfg.world);
 	default:
 		return 0;
 	}
@@ -608,6 +611,11 @@ static enum ng_status plan_graph(struct ng_exec *e, struct ng_graph *g, int **pl
 		pl[i] = -1;
 		if (is_matmul(op->kind)) {
 			enum ng_status st = plan_matmul(e, op, &pl[i]);
+			if (st)
+				return st;
+		}
+		if (op->kind == NG_OP_MUON) {
+			enum ng_status st = ng_optim_muon_plan_(e, g);
 			if (st)
 				return st;
 		}
@@ -1015,6 +1023,8 @@ static enum ng_status run_op(struct ng_exec *e, const struct ng_graph *g, const 
 		}
 		return NG_OK;
 	}
+	case NG_OP_MUON:
+		return ng_optim_muon_run_(e, g, op, scratch, s);
 	case NG_OP_STEP_FINISH:
 		return ng_step_finish(ng_exec_tensor_(e, g, op->in[0]), e->d_ring, NG_EXEC_RING, s);
 	case NG_OP_FP8_PREP:
@@ -1497,6 +1507,7 @@ void ng_exec_free(struct ng_exec *e)
 		cudaGraphExecDestroy(e->eval_exec);
 	if (e->eval_graph)
 		cudaGraphDestroy(e->eval_graph);
+	ng_optim_muon_free_(e);
 	for (int i = 0; i < e->n_plans; i++)
 		ng_matmul_free(&e->plans[i].mm);
 	if (e->mmctx.lt)
