@@ -8,6 +8,7 @@
  */
 #include "graph/exec.h"
 #include "graph/exec_internal.h"
+#include "graph/optim_muon.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -217,6 +218,7 @@ void ng_exec_free(struct ng_exec *e)
 		cudaGraphExecDestroy(e->eval_exec);
 	if (e->eval_graph)
 		cudaGraphDestroy(e->eval_graph);
+	ng_optim_muon_free_(e);
 	for (int i = 0; i < e->n_plans; i++)
 		ng_matmul_free(&e->plans[i].mm);
 	if (e->mmctx.lt)

@@ -36,6 +36,7 @@
 #include "kernels/attention.h"
 #include "kernels/collective.h"
 #include "kernels/matmul.h"
+#include "kernels/muon.h"
 #include "kernels/types.h"
 
 #define NG_EXEC_RING 16       /* metrics records in flight, at most */
@@ -64,6 +65,7 @@ struct ng_exec_config {
 	int zero1;                     /* ZeRO-1: AdamW moments sharded across ranks (needs comm) */
 	int dp_no_overlap;             /* all-reduce the whole gradient at GRAD_NORM, not per layer */
 	int profile;                   /* time every op of one eager step at init (op_ms) */
+	struct ng_muon_config muon;    /* step.muon (--optimizer muon): its constants */
 	size_t gpu_mem;                /* with step.recompute_auto: the device memory in use the run
 	                                * may reach (what is in use when the step is planned, plus
 	                                * the arena); 0: what is free then, less a margin */
@@ -133,6 +135,7 @@ struct ng_exec {
 	cudaEvent_t dp_join;           /* dp_stream's work done: GRAD_NORM waits on it */
 	int *dp_bucket;                /* per train op: the layer whose gradient it completes, or -1 */
 	bool *dp_sent;                 /* per layer: all-reduce launched in the current pass */
+	struct ng_optim_muon *muon;    /* --optimizer muon: the MUON op's plan (graph/optim_muon.h) */
 	bool inited;
 };
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "graph/exec_internal.h"
+#include "graph/optim_muon.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
@@ -496,6 +497,8 @@ static enum ng_status run_update_op(struct ng_exec *e, const struct ng_graph *g,
 		}
 		return NG_OK;
 	}
+	case NG_OP_MUON:
+		return ng_optim_muon_run_(e, g, op, scratch, s);
 	case NG_OP_STEP_FINISH:
 		return ng_step_finish(ng_exec_tensor_(e, g, op->in[0]), e->d_ring, NG_EXEC_RING, s);
 	default:
@@ -526,7 +529,8 @@ enum ng_status ng_exec_run_op_(struct ng_exec *e, const struct ng_graph *g, cons
 		return run_block_op(e, g, op, scratch, s);
 	case NG_OP_CROSSENTROPY: case NG_OP_LOSS_ACCUMULATE:
 		return run_loss_op(e, g, op, scratch, s);
-	case NG_OP_GRAD_NORM: case NG_OP_SCHEDULE: case NG_OP_ADAMW: case NG_OP_STEP_FINISH:
+	case NG_OP_GRAD_NORM: case NG_OP_SCHEDULE: case NG_OP_ADAMW: case NG_OP_MUON:
+	case NG_OP_STEP_FINISH:
 		return run_update_op(e, g, op, scratch, s);
 	default:
 		return no_gpu_kernel(op);

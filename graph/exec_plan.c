@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "graph/exec_internal.h"
+#include "graph/optim_muon.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
@@ -112,6 +113,8 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 		return ng_encoder_bwd_work_bytes(g->B, g->T, m->C);
 	case NG_OP_GRAD_NORM:
 		return ng_grad_norm_scratch_bytes(g->lay.total);
+	case NG_OP_MUON:
+		return ng_optim_muon_scratch_bytes(m, e->cfg.world);
 	default:
 		return 0;
 	}
@@ -130,6 +133,11 @@ static enum ng_status plan_graph(struct ng_exec *e, struct ng_graph *g, int **pl
 		pl[i] = -1;
 		if (is_matmul(op->kind)) {
 			enum ng_status st = plan_matmul(e, op, &pl[i]);
+			if (st)
+				return st;
+		}
+		if (op->kind == NG_OP_MUON) {
+			enum ng_status st = ng_optim_muon_plan_(e, g);
 			if (st)
 				return st;
 		}

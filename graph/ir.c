@@ -38,7 +38,7 @@ const char *ng_op_kind_name(enum ng_op_kind kind)
 		"crossentropy", "loss_accumulate", "matmul_dinp", "matmul_dw", "gelu_bwd",
 		"attention_bwd", "layernorm_bwd", "encoder_bwd", "grad_norm", "schedule", "adamw",
 		"step_finish", "gather_rows", "logits_out", "fp8_prep",
-		"encoder_sort", "transpose_w",
+		"encoder_sort", "transpose_w", "muon",
 	};
 	return (unsigned)kind < NG_OP_KIND_COUNT ? n[kind] : "?";
 }

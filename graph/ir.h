@@ -98,6 +98,10 @@
  *   SCHEDULE          in: step_state. out: step_state (lr, clip_scale, skipped).
  *   ADAMW             in: grads, step_state. out: params_bf16, params_lo (the two halves of the
  *                     fp32 master, kernels/split.h), adam_m, adam_v.
+ *   MUON              (--optimizer muon, in place of ADAMW) in: grads, step_state. out:
+ *                     params_bf16, params_lo, adam_m (the hidden matrices' ranges: Muon's
+ *                     momentum), adam_v; scratch: graph/optim_muon.h. Muon on the hidden
+ *                     matrices, the speedrun's Adam on the rest (kernels/muon.h).
  *   STEP_FINISH       in: step_state. out: step_state (step += 1, metrics record written to the
  *                     host ring, loss_sum reset to 0 for the next step).
  *   GATHER_ROWS       (sample graphs) in: x (B, T, C) bf16, positions i32 (B).
@@ -158,7 +162,7 @@ enum ng_op_kind {
 	NG_OP_CROSSENTROPY, NG_OP_LOSS_ACCUMULATE, NG_OP_MATMUL_DINP, NG_OP_MATMUL_DW,
 	NG_OP_GELU_BWD, NG_OP_ATTENTION_BWD, NG_OP_LAYERNORM_BWD, NG_OP_ENCODER_BWD,
 	NG_OP_GRAD_NORM, NG_OP_SCHEDULE, NG_OP_ADAMW, NG_OP_STEP_FINISH, NG_OP_GATHER_ROWS,
-	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP, NG_OP_ENCODER_SORT, NG_OP_TRANSPOSE_W,
+	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP, NG_OP_ENCODER_SORT, NG_OP_TRANSPOSE_W, NG_OP_MUON,
 	NG_OP_KIND_COUNT
 };
 

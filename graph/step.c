@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/optim_muon.h"
 #include "kernels/types.h"
 
 #define MIB ((size_t)1 << 20)
@@ -815,9 +816,10 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 	emit(&b, &op, b.ws.grad_norm);
 	op = mk(NG_OP_SCHEDULE, NG_OP_WHICH_NONE, -1, IN(g->t_step_state), OUT(g->t_step_state));
 	emit(&b, &op, 0);
-	op = mk(NG_OP_ADAMW, NG_OP_WHICH_NONE, -1, IN(g->t_grads, g->t_step_state),
+	op = mk(opt && opt->muon ? NG_OP_MUON : NG_OP_ADAMW, NG_OP_WHICH_NONE, -1,
+		IN(g->t_grads, g->t_step_state),
 		OUT(g->t_params_bf16, g->t_params_lo, g->t_adam_m, g->t_adam_v));
-	emit(&b, &op, 0);
+	emit(&b, &op, opt && opt->muon ? ng_optim_muon_scratch_bytes(cfg, 1) : 0);
 	op = mk(NG_OP_STEP_FINISH, NG_OP_WHICH_NONE, -1, IN(g->t_step_state),
 		OUT(g->t_step_state));
 	emit(&b, &op, 0);

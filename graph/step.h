@@ -198,6 +198,7 @@ struct ng_step_options {
 	int deterministic;       /* 1: deterministic reductions (bigger encoder-backward scratch) */
 	int fp8;                 /* NG_FP8_* bits: which matmuls of the training step take fp8
 				  * operands (forward kinds, dinp kinds, AUTO; below); 0: none */
+	int muon;                /* 1: the update is a MUON op instead of ADAMW (--optimizer muon) */
 	size_t align;            /* arena alignment in bytes; 0 = 256 */
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/cpu_muon.h"
 #include "graph/cpu_ops.h"
 #include "graph/cpu_ref.h"
 #include "src/train.h"
@@ -58,9 +59,14 @@ static enum ng_status cpu_submit(void *ctx)
 	}
 	double lr = ng_ref_lr((int)c->step, (int)o->warmup, (int)o->steps, o->lr, o->lr_final_frac,
 			      strcmp(o->schedule, "cosine") == 0);
+	if (ng_train_is_muon(o)) /* the lr reported: Muon's */
+		lr = o->muon.lr * ng_muon_lr_factor((int)c->step, o->muon.total,
+						    o->muon.cooldown_frac, o->muon.final_frac);
 	double norm = ng_cpu_grad_norm(&c->m);
 	bool skip = !isfinite(norm) || !isfinite(loss);
-	if (!skip)
+	if (!skip && ng_train_is_muon(o))
+		ng_cpu_muon_step(&c->m, &o->muon, (int)c->step, o->clip);
+	else if (!skip)
 		ng_cpu_adamw_step(&c->m, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->clip);
 	c->step++;
 	c->pending = (struct ng_step_result){ c->step, loss, norm, lr, skip, false, 0 };

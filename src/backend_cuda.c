@@ -171,6 +171,8 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO : 0;
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
+	c->step.muon = ng_train_is_muon(o);
+	c->muon = o->muon;
 }
 
 enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train_opts *o)

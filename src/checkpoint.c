@@ -282,6 +282,7 @@ enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state
 	meta_set(meta, "K", (unsigned long long)s->K);
 	meta_set(meta, "world", (unsigned long long)(s->world > 1 ? s->world : 1));
 	meta_set(meta, "has_pos", s->has_pos);
+	meta_set(meta, "optimizer_muon", (unsigned long long)(s->muon != 0));
 	meta_set(meta, "pos_seed", s->pos.seed);
 	meta_set(meta, "pos_windows", s->pos.windows);
 	meta_set(meta, "pos_epoch", s->pos.epoch);

@@ -50,6 +50,8 @@ struct ng_train_state {
 	struct ng_loader_pos pos;    /* position of the next training batch */
 	int world;                   /* processes of the run that wrote it; 0: not recorded (files
 	                              * of earlier versions), not checked on resume */
+	int muon;                    /* 1: written by --optimizer muon (adam_m holds Muon's momentum
+	                              * in the hidden matrices' ranges); 0: AdamW, or not recorded */
 	int elem_size;               /* 4 (float) or 8 (double): the master weights' precision */
 	size_t n;                    /* elements per buffer: the flat layout's total */
 	void *params;                /* (n) master weights, flat layout of graph/gpt.h */

@@ -364,6 +364,7 @@ enum ng_status ng_ckpt_read_state(const char *path, struct ng_train_state *s)
 	s->K = (int)meta_get(&f, "K");
 	long long world = meta_get(&f, "world"); /* absent in files of earlier versions */
 	s->world = world < 0 ? 0 : (int)world;
+	s->muon = meta_get(&f, "optimizer_muon") > 0; /* absent: an AdamW run */
 	s->step = meta_get(&f, "step");
 	s->n_skipped = meta_get(&f, "n_skipped");
 	s->seed = meta_u64(&f, "seed");

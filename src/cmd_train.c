@@ -21,7 +21,10 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	};
 	struct ng_model_args ma;
 	struct ng_dist_args da = { .world = 0, .rank = -1, .file = NULL };
-	struct ng_flag flags[NG_MODEL_NFLAGS + 48];
+	struct ng_flag flags[NG_MODEL_NFLAGS + 56];
+	/* --optimizer muon (kernels/muon.h; defaults of ng_muon_config_default) */
+	double muon_lr = 0.05, adam_lr = 0.008, embed_mult = 1, scalar_mult = 5, cooldown = 0.4;
+	long long mu_warmup = 300;
 	ng_cli_model_flags(&ma, flags, "d12", 64); /* --model tiny: --batch 8 */
 	struct ng_flag more[] = {
 		{ "--steps", NG_FLAG_INT, &o.steps, 1, 1e12, "N", "optimizer steps (200)", false },
@@ -110,6 +113,26 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--no-overlap", NG_FLAG_BOOL, &o.no_overlap, 0, 0, NULL,
 		  "all-reduce the gradient after the backward instead of per layer during it",
 		  false },
+		{ "--optimizer", NG_FLAG_STRING, &o.optimizer, 0, 0, "adamw|muon",
+		  "adamw (default), or muon: Muon (5 bf16 Newton-Schulz steps) on the hidden "
+		  "matrices and the speedrun's Adam (0.8, 0.95, eps 1e-10, no decay) on the rest, "
+		  "lr constant then a linear cooldown to 0.1x; --lr, --warmup, --schedule and "
+		  "--weight-decay are AdamW's and unused; --clip is off unless given", false },
+		{ "--muon-lr", NG_FLAG_DOUBLE, &muon_lr, 0, 10, "X",
+		  "muon: Muon's learning rate (0.05)", false },
+		{ "--muon-momentum-warmup", NG_FLAG_INT, &mu_warmup, 0, 1e12, "N",
+		  "muon: steps over which the momentum rises linearly 0.85 -> 0.95 (300)", false },
+		{ "--adam-lr", NG_FLAG_DOUBLE, &adam_lr, 0, 10, "X",
+		  "muon: the base lr of Adam's groups, times --adam-embed-mult or "
+		  "--adam-scalar-mult (0.008)", false },
+		{ "--adam-embed-mult", NG_FLAG_DOUBLE, &embed_mult, 0, 1e6, "X",
+		  "muon: Adam lr multiplier of wte (the tied head) and wpe (1: lr 0.008, the "
+		  "speedrun's head lr; its untied embedding's 75 = 0.6 diverges when tied)", false },
+		{ "--adam-scalar-mult", NG_FLAG_DOUBLE, &scalar_mult, 0, 1e6, "X",
+		  "muon: Adam lr multiplier of biases and LayerNorm weights (5: lr 0.04)", false },
+		{ "--cooldown-frac", NG_FLAG_DOUBLE, &cooldown, 0, 1, "X",
+		  "muon: last fraction of the steps with the linear lr cooldown to 0.1x (0.4)",
+		  false },
 	};
 	int nmore = (int)(sizeof(more) / sizeof(more[0]));
 	memcpy(flags + NG_MODEL_NFLAGS, more, sizeof(more));
@@ -154,6 +177,27 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 			       o.schedule);
 	if (o.warmup > o.steps)
 		o.warmup = o.steps;
+	if (o.optimizer && strcmp(o.optimizer, "adamw") != 0 && strcmp(o.optimizer, "muon") != 0)
+		return ng_fail(NG_ERR_INPUT, "train --optimizer: '%s' is not adamw or muon",
+			       o.optimizer);
+	if (ng_train_is_muon(&o)) {
+		o.muon = ng_muon_config_default((int)o.steps);
+		o.muon.lr = (float)muon_lr;
+		o.muon.mu_warmup = (int)mu_warmup;
+		o.muon.adam_lr = (float)adam_lr;
+		o.muon.adam_mult[NG_MUON_ADAM_EMBED] = (float)embed_mult;
+		o.muon.adam_mult[NG_MUON_ADAM_SCALAR] = (float)scalar_mult;
+		o.muon.cooldown_frac = (float)cooldown;
+		if (!ng_cli_seen(&spec, "--clip")) /* the speedrun clips nothing */
+			o.clip = 0;
+		if (o.zero1) {
+			ng_fail(NG_ERR_INPUT, "train --optimizer muon: --zero1 shards AdamW's moments, "
+				"which Muon does not have");
+			ng_hint("drop --zero1: with ranks Muon divides its Newton-Schulz work among "
+				"them instead");
+			return NG_ERR_INPUT;
+		}
+	}
 	if (o.val_glob && !o.train_glob)
 		return ng_fail(NG_ERR_INPUT, "train: --val needs --train (without --train the "
 			       "synthetic corpus provides its own validation stream)");

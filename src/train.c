@@ -281,6 +281,7 @@ static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backen
 	s.seed = (uint64_t)o->seed;
 	s.world = f->world;
 	s.has_pos = !f->synthetic;
+	s.muon = ng_train_is_muon(o);
 	if (s.has_pos)
 		ng_loader_tell(&f->train, &s.pos);
 	if (!st)
@@ -324,6 +325,14 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 			"%d", path, s.world, s.world == 1 ? "" : "es", f->world);
 		ng_hint("resume with the same number of processes: the global batch and each rank's "
 			"data windows depend on it");
+		ng_ckpt_state_free(&s);
+		return NG_ERR_INPUT;
+	}
+	if (s.muon != ng_train_is_muon(o)) {
+		ng_fail(NG_ERR_INPUT, "--resume: %s was written with --optimizer %s, this run has "
+			"--optimizer %s", path, s.muon ? "muon" : "adamw",
+			ng_train_is_muon(o) ? "muon" : "adamw");
+		ng_hint("resume with the optimizer of that run: the moments mean different things");
 		ng_ckpt_state_free(&s);
 		return NG_ERR_INPUT;
 	}

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/muon.h"
 #include "src/checkpoint.h"
 #include "src/cli.h"
 
@@ -54,7 +55,16 @@ struct ng_train_opts {
 	long long head_chunk;      /* GPU: classifier rows per chunk, 0 = all B*T at once */
 	const char *gelu_fusion;   /* GPU: --gelu-fusion fwd,bwd | fwd | bwd | none (NULL: default) */
 	bool fp8;                  /* GPU: E4M3 forward matmuls (graph/step.h "FP8") */
+	const char *optimizer;     /* "adamw" (NULL too) or "muon" (kernels/muon.h: Muon on the
+	                            * hidden matrices, the speedrun's Adam on the rest) */
+	struct ng_muon_config muon; /* --optimizer muon: its constants (total = steps) */
 };
+
+/* --optimizer muon. */
+static inline bool ng_train_is_muon(const struct ng_train_opts *o)
+{
+	return o->optimizer && o->optimizer[0] == 'm';
+}
 
 /* What a backend reports for one optimizer step. */
 struct ng_step_result {

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "data/synth.h"
+#include "graph/cpu_muon.h"
 #include "graph/cpu_ops.h"
 #include "graph/cpu_ref.h"
 #include "graph/exec.h"
@@ -54,6 +55,8 @@ static void check_split_master(struct ng_exec *e, float *p1)
 	free(m), free(v), free(p2), free(hi);
 }
 
+static int use_muon; /* 1: tiny_config asks for --optimizer muon */
+
 static void tiny_config(struct ng_exec_config *c, int T, int C, int H, int V, int B, int K)
 {
 	memset(c, 0, sizeof(*c));
@@ -70,6 +73,8 @@ static void tiny_config(struct ng_exec_config *c, int T, int C, int H, int V, in
 	c->beta2 = 0.95f;
 	c->eps = 1e-8f;
 	c->seed = 7;
+	c->step.muon = use_muon;
+	c->muon = ng_muon_config_default(10);
 }
 
 static double rel_l2(const float *a, const double *ref, size_t n)
@@ -268,6 +273,7 @@ static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 	c.step.recompute_fp8 = fp8 == 2;     /* 2: --recompute fp8 */
 	c.no_graph = no_graph;
 	c.sched.total = steps;
+	c.muon.total = steps;
 	struct ng_exec e;
 	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
 	struct ng_synth s;
@@ -347,4 +353,107 @@ Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 	cr_expect(a[STEPS - 1] < a[0], "fp8: loss did not fall: %g -> %g", a[0], a[STEPS - 1]);
 	printf("fp8 graph vs eager: %d steps bit-identical, loss %.4f -> %.4f (bf16 %.4f -> %.4f, "
 	       "worst relative gap %.2e)\n", STEPS, a[0], a[STEPS - 1], r[0], r[STEPS - 1], worst);
+}
+
+/* --optimizer muon: one step of the GPU graph, the gradients against the CPU reference as above,
+ * then the update against the reference applied to the GPU's own gradients: Adam's parameters
+ * within 1e-4 (fp32 against double); each Muon group's update (W1 - W0) by the FlashAttention
+ * rule in relative L2: error(gpu vs double Newton-Schulz) <= 2 x error(the bf16 emulation of
+ * graph/cpu_muon.h vs double) + 1e-3. Then 20 deterministic steps: graph equals eager. */
+Test(train_gpu, muon_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = (uint64_t)time(NULL);
+	use_muon = 1;
+	struct ng_exec_config c;
+	tiny_config(&c, 64, 64, 2, 500, 4, 2);
+	struct ng_exec e;
+	cr_assert_eq(ng_exec_init(&e, &c), NG_OK, "init: %s", ng_error_message());
+	int B = c.B, T = c.T, K = c.K, V = c.model.V;
+	uint16_t *tok;
+	cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
+	srand((unsigned)seed);
+	for (int i = 0; i < K * B * (T + 1); i++)
+		tok[i] = (uint16_t)(rand() % V);
+	cr_assert_eq(ng_exec_submit(&e), NG_OK, "%s", ng_error_message());
+	struct ng_metrics_record rec;
+	int n;
+	cr_assert_eq(ng_exec_collect(&e, &rec, NULL, 1, true, &n), NG_OK, "%s", ng_error_message());
+	const struct ng_graph *g = &e.train;
+	size_t total = g->lay.total;
+	float *grads = malloc(total * 4), *p1 = malloc(total * 4), *p0 = malloc(total * 4);
+	cr_assert_eq(ng_exec_download(&e, g->t_grads, grads), NG_OK);
+	check_split_master(&e, p1);
+	ng_gpt_init(&g->cfg, &g->lay, c.seed, p0);
+	double gs = rec.grad_norm > c.clip ? c.clip / (rec.grad_norm + 1e-6) : 1.0;
+	cr_expect(fabs(rec.lr - c.muon.lr) < 1e-6, "lr gpu %g, Muon's %g", rec.lr, c.muon.lr);
+	for (int i = 0; i < NG_P_COUNT; i++) { /* Adam */
+		int group = ng_muon_adam_group_of((enum ng_param_id)i);
+		if (group < 0)
+			continue;
+		const struct ng_param_spec *p = &g->lay.p[i];
+		size_t nn = p->numel;
+		double *pd = malloc(nn * 8), *md = calloc(nn, 8), *vd = calloc(nn, 8),
+		       *gd = malloc(nn * 8);
+		for (size_t j = 0; j < nn; j++) {
+			pd[j] = p0[p->offset + j];
+			gd[j] = grads[p->offset + j];
+		}
+		double alpha = ng_ref_muon_adam_alpha(&c.muon, group, 0);
+		ng_ref_adam_speedrun(pd, md, vd, gd, nn, alpha, c.muon.beta1, c.muon.beta2,
+				     c.muon.eps, gs);
+		double worst = 0;
+		for (size_t j = 0; j < nn; j++) {
+			double d = fabs(p1[p->offset + j] - pd[j]) / (fabs(pd[j]) + alpha);
+			worst = d > worst ? d : worst;
+		}
+		cr_expect(worst < 1e-4, "adam %s: worst rel err %.3e", p->name, worst);
+		free(pd), free(md), free(vd), free(gd);
+	}
+	struct ng_muon_group grp[NG_MUON_GROUPS];
+	ng_muon_groups(&g->cfg, grp);
+	for (int k = 0; k < NG_MUON_GROUPS; k++) {
+		const struct ng_param_spec *p = &g->lay.p[grp[k].param];
+		size_t nn = p->numel;
+		double *w[2], *m = malloc(nn * 8), *gd = malloc(nn * 8);
+		for (int b = 0; b < 2; b++) {
+			w[b] = malloc(nn * 8);
+			for (size_t j = 0; j < nn; j++) {
+				w[b][j] = p0[p->offset + j];
+				gd[j] = grads[p->offset + j];
+				m[j] = 0;
+			}
+			ng_ref_muon(w[b], m, gd, grp[k].batch, grp[k].rows, grp[k].cols,
+				    c.muon.mu_start, c.muon.lr, grp[k].scale, gs, b);
+		}
+		double eg = 0, ee = 0, den = 0;
+		for (size_t j = 0; j < nn; j++) {
+			double d64 = w[0][j] - p0[p->offset + j];
+			double dg = (double)p1[p->offset + j] - p0[p->offset + j];
+			double de = w[1][j] - p0[p->offset + j];
+			eg += (dg - d64) * (dg - d64);
+			ee += (de - d64) * (de - d64);
+			den += d64 * d64;
+		}
+		eg = sqrt(eg / den), ee = sqrt(ee / den);
+		cr_expect(eg <= 2 * ee + 1e-3, "muon %s: update rel L2 err %.3e > 2 x bf16 "
+			  "emulation's %.3e + 1e-3 (seed %llu)", p->name, eg, ee,
+			  (unsigned long long)seed);
+		printf("muon %-9s update rel L2 err %.3e (bf16 emulation %.3e)\n", p->name, eg, ee);
+		free(w[0]), free(w[1]), free(m), free(gd);
+	}
+	free(grads), free(p1), free(p0);
+	ng_exec_free(&e);
+	enum { STEPS = 20 };
+	float a[STEPS], b[STEPS];
+	run_losses(0, 128, a, STEPS, 0);
+	run_losses(1, 128, b, STEPS, 0);
+	for (int i = 0; i < STEPS; i++)
+		cr_expect(memcmp(&a[i], &b[i], sizeof(float)) == 0, "muon step %d: graph %.9g eager "
+			  "%.9g", i + 1, a[i], b[i]);
+	cr_expect(a[STEPS - 1] < a[0], "muon: loss did not fall: %g -> %g", a[0], a[STEPS - 1]);
+	printf("muon graph vs eager: %d steps bit-identical, loss %.4f -> %.4f\n", STEPS, a[0],
+	       a[STEPS - 1]);
+	use_muon = 0;
 }
