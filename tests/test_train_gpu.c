@@ -369,7 +369,7 @@ Test(train_gpu, muon_step_matches_cpu_reference)
 	struct ng_exec_config c;
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
 	struct ng_exec e;
-	cr_assert_eq(ng_exec_init(&e, &c), NG_OK, "init: %s", ng_error_message());
+	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
 	int B = c.B, T = c.T, K = c.K, V = c.model.V;
 	uint16_t *tok;
 	cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
