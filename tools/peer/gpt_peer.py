@@ -251,7 +251,7 @@ def main():
         rng = np.random.default_rng(a.seed)
     batch_no = 0
     out = open(a.metrics, "w") if a.metrics else None
-    meter = Meter(a.steps, K * B * T, out)
+    meter = Meter("peer", a.steps, K * B * T, out)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
     for step in range(a.steps):

@@ -145,7 +145,7 @@ def main():
     run = model if mode == "none" else torch.compile(model, mode=mode)
     rng = np.random.default_rng(a.seed)
     out = open(a.metrics, "w") if a.metrics else None
-    meter = Meter(a.steps, K * B * T, out)
+    meter = Meter("ref", a.steps, K * B * T, out)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
     for step in range(a.steps):

@@ -40,11 +40,12 @@ def to_device(tokens, dev):
 class Meter:
     """Per-step records, read back and timed every WINDOW steps (see the module's docstring).
     Each record is written to `out` (a JSON line per step) when given; the last record of each
-    window is printed."""
+    window is printed, and the first window's wall time (torch.compile's included)."""
 
-    def __init__(self, steps, ntok, out=None):
-        self.steps, self.ntok, self.out = steps, ntok, out
+    def __init__(self, who, steps, ntok, out=None):
+        self.who, self.steps, self.ntok, self.out = who, steps, ntok, out
         self.t_last, self.rates, self.pending = None, [], []
+        self.t0 = time.perf_counter()
 
     def step(self, step, lr, loss, norm):
         """step: 0-based; loss, norm: device tensors (not read here)."""
@@ -57,6 +58,9 @@ class Meter:
         ms = (t - self.t_last) * 1e3 / len(self.pending) if self.t_last else float("nan")
         if self.t_last and step >= WINDOW:
             self.rates.append(self.ntok / (ms / 1e3))
+        if not self.t_last:
+            print(f"{self.who}: the first {step + 1} steps (compile and warm-up) took "
+                  f"{t - self.t0:.1f} s", flush=True)
         self.t_last = t
         rec = None
         for (s_, lr_, _, _), (lv, nv) in zip(self.pending, vals):
