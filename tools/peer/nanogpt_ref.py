@@ -129,6 +129,9 @@ def main():
                     "eager on the CPU); 'none' is --no-compile")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sync-every-step", action="store_true",
+                    help="read the loss back after every step (as a loop that logs each step "
+                    "does), to see what a per-step host sync costs; off by default")
     a = ap.parse_args()
     n_layer, n_head, n_embd, T, V = PRESETS[a.model]
     Vp = padded_vocab(V)
@@ -162,6 +165,8 @@ def main():
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip if a.clip > 0 else 1e30)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if a.sync_every_step:
+            total.item()
         meter.step(step, lr, total, norm)
     if out:
         out.close()
