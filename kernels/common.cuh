@@ -121,12 +121,20 @@ static __device__ __forceinline__ double ng_block_sum_array_d_(const T *p, int n
 	return ng_block_sum_d_(acc, sh);
 }
 
-/* Dynamic shared memory above 48 KiB needs a per-kernel opt-in (a host call, not a stream
- * operation, so it is allowed while a stream is being captured). */
+/* A block's shared memory above 48 KiB in all needs a per-kernel opt-in for its dynamic part
+ * (host calls, not stream operations, so they are allowed while a stream is being captured).
+ * The kernel's static arrays count towards the 48 KiB: the staged LayerNorm backward at
+ * C = 2048 has exactly 48 KiB of stages plus 256 bytes of static block sums, and without the
+ * opt-in its launch fails with "invalid argument". */
 template <typename K>
 static inline enum ng_status ng_ensure_smem_(K kernel, size_t bytes)
 {
-	if (bytes <= 48 * 1024)
+	if (bytes == 0)
+		return NG_OK;
+	cudaFuncAttributes fa;
+	if (NG_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel)))
+		return NG_ERR_RUNTIME;
+	if (bytes + fa.sharedSizeBytes <= 48 * 1024)
 		return NG_OK;
 	return NG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
 						  (int)bytes));

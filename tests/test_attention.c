@@ -384,9 +384,9 @@ ParameterizedTest(struct acase *c, attention, graph_replay_equals_eager, .timeou
 	cr_assert_eq(cudaStreamEndCapture(s, &graph), cudaSuccess, "%s capture", ctx);
 	cr_assert_eq(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess, "%s instantiate", ctx);
 	for (int r = 0; r < 2; r++) {
-		cudaMemset(d.out, 0xff, n_o * 2);
-		cudaMemset(d.lse, 0xff, n_l * 4);
-		cudaMemset(d.dqkv, 0xff, n_qkv * 2);
+		cudaMemsetAsync(d.out, 0xff, n_o * 2, s);
+		cudaMemsetAsync(d.lse, 0xff, n_l * 4, s);
+		cudaMemsetAsync(d.dqkv, 0xff, n_qkv * 2, s);
 		cr_assert_eq(cudaGraphLaunch(exec, s), cudaSuccess, "%s launch", ctx);
 		cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess, "%s replay", ctx);
 	}
