@@ -134,16 +134,22 @@ static enum ng_status load_encoder(struct ng_tokenizer *tok, const char *path, j
 	json_t *val;
 	json_object_foreach(enc, key, val) {
 		json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
-		if (id < 0 || id > 65535) {
+		if (id < 0 || id > 65535) { /* the message quotes key: before the JSON is freed */
+			ng_fail(NG_ERR_INPUT, "tokenizer: %s: token \"%s\" has a bad id (must be an "
+				"integer 0..65535)", path, key);
 			json_decref(enc);
-			return ng_fail(NG_ERR_INPUT, "tokenizer: %s: token \"%s\" has a bad id (must be "
-				       "an integer 0..65535)", path, key);
+			return NG_ERR_INPUT;
 		}
 		max_id = id > max_id ? (int)id : max_id;
 		total += strlen(key);
 		tok->n_special += is_special(key);
 	}
 	tok->n_vocab = max_id + 1;
+	if (total > UINT32_MAX) { /* the decode table's offsets are 32-bit */
+		json_decref(enc);
+		return ng_fail(NG_ERR_INPUT, "tokenizer: %s: %zu bytes of token text, more than 4 GiB",
+			       path, total);
+	}
 	if ((size_t)tok->n_vocab != json_object_size(enc)) { /* then some id repeats or is missing */
 		json_decref(enc);
 		return ng_fail(NG_ERR_INPUT, "tokenizer: %s: %zu tokens with ids up to %d: the ids "

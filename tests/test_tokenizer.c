@@ -297,6 +297,10 @@ Test(tokenizer_files, merges_and_encoder_must_agree)
 	expect_load_error(dir, "each once");
 	small_vocab(dir, "{\"\u0120t\": 300}", "\xc4\xa0 t\n");
 	expect_load_error(dir, "each once");
+	/* an id out of range: the message quotes the token (it used to be read after the JSON
+	 * holding it was freed; found by tests/fuzz/fuzz_vocab.c) */
+	small_vocab(dir, "{\"bad\\u001bid\": 70000}", "\xc4\xa0 t\n");
+	expect_load_error(dir, "token \"bad\\x1bid\" has a bad id");
 	/* a merge repeated, and a merge that uses a token made only later */
 	small_vocab(dir, "{\"\u0120t\": 256, \"\u0120th\": 257}", "\xc4\xa0 t\n\xc4\xa0 t\n");
 	expect_load_error(dir, "vocab.bpe line 2: merge");
