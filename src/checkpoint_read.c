@@ -27,6 +27,14 @@
 #include "util/file.h"
 
 #define MAX_HEADER (64u << 20) /* a header larger than this is a corrupt length */
+
+/* Fuzzing builds (tools/fuzz) take any well-formed checksum as matching: a fuzzer cannot forge
+ * FNV-1a, and the checks behind the checksum are what it is there to reach. */
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+static const bool fuzzing = true;
+#else
+static const bool fuzzing = false;
+#endif
 #define N_LAYER_NAMES NG_CKPT_LAYER_TENSORS
 
 struct in_tensor {
@@ -101,7 +109,7 @@ static enum ng_status in_verify(struct in_file *f, size_t hlen)
 	if (is_hex16(v)) {
 		char want[24];
 		snprintf(want, sizeof(want), "%016" PRIx64, ng_ckpt_checksum(f->data, f->data_bytes));
-		if (strcmp(v, want) != 0) {
+		if (strcmp(v, want) != 0 && !fuzzing) {
 			snprintf(m, sizeof(m), "checksum mismatch (header %s, data %s)", v, want);
 			return bad(f->path, m);
 		}
@@ -132,7 +140,7 @@ static enum ng_status in_verify(struct in_file *f, size_t hlen)
 	h = ng_ckpt_fnv1a_(h, at + 16, f->size - (size_t)(at - f->buf) - 16);
 	char want[24];
 	snprintf(want, sizeof(want), "%016" PRIx64, h);
-	if (memcmp(at, want, 16) != 0) {
+	if (memcmp(at, want, 16) != 0 && !fuzzing) {
 		snprintf(m, sizeof(m), "checksum mismatch (header says %.16s, the file hashes to %s): "
 			 "its header, metadata or data changed after it was written", (const char *)at,
 			 want);
