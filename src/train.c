@@ -6,6 +6,7 @@
 #include "src/train.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -474,6 +475,57 @@ static enum ng_status keep_work(const struct ng_train_opts *o, struct ng_backend
 	return fault;
 }
 
+/* --metrics FILE: truncated, or with --resume appended to. Opened without blocking: a FIFO
+ * nobody reads is an error, not a hang (one with a reader, or a pipe, works). A line that an
+ * earlier run could not finish (a full disk, a kill) is cut off before appending, so the file
+ * stays whole JSON lines. */
+static enum ng_status metrics_open(struct logger *lg, const char *path, bool append)
+{
+	lg->metrics_path = path;
+	int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOCTTY |
+			    (append ? O_APPEND : O_TRUNC), 0644);
+	if (fd < 0) {
+		ng_fail(NG_ERR_INPUT, "cannot write --metrics %s: %s", path, strerror(errno));
+		if (errno == ENXIO)
+			ng_hint("it is a FIFO with no reader: start the reader first");
+		return NG_ERR_INPUT;
+	}
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0)
+		fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	struct stat sb;
+	if (append && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0) {
+		char tail[4096];
+		off_t end = sb.st_size, keep = 0;
+		for (off_t at = end; at > 0 && !keep;) {
+			size_t n = at < (off_t)sizeof(tail) ? (size_t)at : sizeof(tail);
+			at -= (off_t)n;
+			if (pread(fd, tail, n, at) != (ssize_t)n) {
+				keep = end; /* unreadable: leave the file as it is */
+				break;
+			}
+			for (size_t i = n; i > 0 && !keep; i--)
+				if (tail[i - 1] == '\n')
+					keep = at + (off_t)i;
+			if (at == 0 && !keep)
+				keep = -1; /* no newline at all: nothing whole */
+		}
+		if (keep != end && ftruncate(fd, keep > 0 ? keep : 0) != 0) {
+			int e = errno;
+			close(fd);
+			return ng_fail(NG_ERR_RUNTIME, "cannot write --metrics %s: %s", path,
+				       strerror(e));
+		}
+	}
+	lg->metrics = fdopen(fd, append ? "a" : "w");
+	if (!lg->metrics) {
+		int e = errno;
+		close(fd);
+		return ng_fail(NG_ERR_RUNTIME, "cannot write --metrics %s: %s", path, strerror(e));
+	}
+	return NG_OK;
+}
+
 static enum ng_status metrics_error(const struct logger *lg, long long step)
 {
 	ng_fail(NG_ERR_RUNTIME, "cannot write --metrics %s: %s (at step %lld)", lg->metrics_path,
@@ -504,6 +556,8 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	sigaction(SIGTERM, &sa, &old_term);
 	lg.first_loss = NAN;
 	enum ng_status st = check_out_dir(o, &lg);
+	if (!st && o->metrics_path && (o->world <= 1 || o->rank == 0))
+		st = metrics_open(&lg, o->metrics_path, o->resume);
 	if (st)
 		goto out;
 	st = feed_open(&f, o);
@@ -516,15 +570,6 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		st = resume(o, be, &f, &lg, &start);
 	if (st)
 		goto out;
-	if (o->metrics_path && f.rank == 0) {
-		lg.metrics_path = o->metrics_path;
-		lg.metrics = fopen(o->metrics_path, o->resume ? "a" : "w");
-		if (!lg.metrics) {
-			st = ng_fail(NG_ERR_INPUT, "cannot write --metrics %s: %s", o->metrics_path,
-				     strerror(errno));
-			goto out;
-		}
-	}
 	lg.tokens_per_step = (double)s->K * s->B * s->T * f.world;
 	lg.flops_per_token = ng_gpt_flops_per_token(&s->model, s->T);
 	lg.peak = be->peak_flops;

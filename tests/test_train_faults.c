@@ -200,7 +200,7 @@ Test(train_faults, fifo_is_an_error_not_a_hang, .timeout = 60)
 
 /* --metrics on a full device: the first failed flush fails the run with exit 1 and one line
  * (it used to end with exit 0 and an empty file), after a checkpoint keeps the steps done. */
-Test(train_faults, metrics_write_failure_fails_the_run)
+Test(train_faults, metrics_write_failure_fails_the_run, .timeout = 120)
 {
 	char out[300];
 	path_in(out, sizeof(out), "out");
@@ -208,12 +208,28 @@ Test(train_faults, metrics_write_failure_fails_the_run)
 	expect_error(st, NG_ERR_RUNTIME, "--metrics /dev/full", "metrics on /dev/full");
 	cr_assert(strstr(ng_error_message(), strerror(ENOSPC)), "%s", ng_error_message());
 	cr_assert_eq(latest_step(out), 1, "the step done before the failure was not kept");
-	/* it continues from there once the metrics can be written */
+	/* it continues from there once the metrics can be written; a line an earlier run left
+	 * half written is cut off first, so the file stays whole lines */
 	char metrics[300];
 	path_in(metrics, sizeof(metrics), "m.jsonl");
+	FILE *f = fopen(metrics, "w");
+	fputs("{\"step\":1,\"loss\":6.2}\n{\"step\":2,\"lo", f);
+	fclose(f);
 	st = run(TINY, "--steps", "3", "--metrics", metrics, "--out", out, "--resume", NULL);
 	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
-	cr_assert_eq(count_lines(metrics), 2);
+	cr_assert_eq(count_lines(metrics), 3);
+	f = fopen(metrics, "r");
+	char line[1024];
+	while (fgets(line, sizeof(line), f))
+		cr_assert(line[0] == '{' && strchr(line, '\n') && strstr(line, "}\n"),
+			  "not a whole line: '%s'", line);
+	fclose(f);
+	/* a FIFO nobody reads: an error at once, not a wait for a reader */
+	char fifo[300];
+	path_in(fifo, sizeof(fifo), "m.fifo");
+	cr_assert_eq(mkfifo(fifo, 0644), 0);
+	expect_error(run(TINY, "--steps", "3", "--metrics", fifo, NULL), NG_ERR_INPUT, fifo,
+		     "--metrics FIFO without a reader");
 }
 
 /* An --out that cannot take a checkpoint fails before step 1 (no step runs, so no metrics line
