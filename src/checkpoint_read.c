@@ -141,10 +141,12 @@ static enum ng_status in_verify(struct in_file *f, size_t hlen)
 	char want[24];
 	snprintf(want, sizeof(want), "%016" PRIx64, h);
 	if (memcmp(at, want, 16) != 0 && !fuzzing) {
-		snprintf(m, sizeof(m), "checksum mismatch (header says %.16s, the file hashes to %s): "
-			 "its header, metadata or data changed after it was written", (const char *)at,
-			 want);
-		return bad(f->path, m);
+		ng_fail(NG_ERR_INPUT, "checkpoint %s: checksum mismatch (header says %.16s, the file "
+			"hashes to %s): its header, metadata or data changed after it was written",
+			f->path, (const char *)at, want);
+		ng_hint("use an earlier checkpoint; a file another tool re-saved with our metadata "
+			"copied loads once its \"checksum\" entry is removed");
+		return NG_ERR_INPUT;
 	}
 	f->check = CHECK_FILE;
 	return NG_OK;
