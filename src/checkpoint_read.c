@@ -626,7 +626,7 @@ static enum ng_status state_meta(const struct in_file *f, struct ng_train_state 
 	}
 	if (s->has_pos) {
 		uint64_t per = (uint64_t)s->B * (world ? world : 1), bpe = s->pos.windows / per;
-		uint64_t at, want;
+		uint64_t at = 0, want = 0;
 		bool fits = !__builtin_mul_overflow(s->pos.epoch, bpe, &at) &&
 			    !__builtin_add_overflow(at, s->pos.batch, &at) &&
 			    !__builtin_mul_overflow((uint64_t)s->step, (uint64_t)s->K, &want);

@@ -1,5 +1,6 @@
 /*
- * util/file.c — opening regular files without blocking on FIFOs and devices (see file.h).
+ * util/file.c — opening regular files without blocking on FIFOs and devices, and checked size
+ * arithmetic (see file.h).
  */
 #include "util/file.h"
 
@@ -45,4 +46,22 @@ const char *ng_file_kind(mode_t mode)
 	if (S_ISREG(mode))
 		return "a regular file";
 	return "not a regular file";
+}
+
+bool ng_size_mul(size_t a, size_t b, size_t *out)
+{
+	size_t r;
+	if (__builtin_mul_overflow(a, b, &r))
+		return false;
+	*out = r;
+	return true;
+}
+
+bool ng_size_add(size_t a, size_t b, size_t *out)
+{
+	size_t r;
+	if (__builtin_add_overflow(a, b, &r))
+		return false;
+	*out = r;
+	return true;
 }

@@ -25,24 +25,9 @@ int ng_file_open_regular(const char *path, struct stat *sb);
 const char *ng_file_kind(mode_t mode);
 
 /* *out = a * b, false (and *out unchanged) when the product does not fit a size_t. */
-static inline bool ng_size_mul(size_t a, size_t b, size_t *out)
-{
-	size_t r;
-	if (__builtin_mul_overflow(a, b, &r))
-		return false;
-	*out = r;
-	return true;
-}
-
-/* *out = a + b, false when the sum does not fit a size_t. */
-static inline bool ng_size_add(size_t a, size_t b, size_t *out)
-{
-	size_t r;
-	if (__builtin_add_overflow(a, b, &r))
-		return false;
-	*out = r;
-	return true;
-}
+bool ng_size_mul(size_t a, size_t b, size_t *out);
+/* *out = a + b, false (and *out unchanged) when the sum does not fit a size_t. */
+bool ng_size_add(size_t a, size_t b, size_t *out);
 
 #ifdef __cplusplus
 }
