@@ -133,6 +133,7 @@ static struct ng_loader_pos advance(const struct ng_loader *ld, struct ng_loader
 static void *prefetch_main(void *arg)
 {
 	struct ng_loader *ld = arg;
+	pthread_setname_np(pthread_self(), "ng-prefetch"); /* for top, gdb and the tests */
 	struct fill_state fs = { .epoch = UINT64_MAX, .perm_shard = -1, .mapped = -1 };
 	fs.order = malloc((size_t)ld->nshards * sizeof(uint64_t));
 	fs.cum = malloc((size_t)(ld->nshards + 1) * sizeof(uint64_t));

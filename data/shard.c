@@ -1,5 +1,7 @@
 /*
- * data/shard.c — read, validate and atomically write token shards (format in shard.h).
+ * data/shard.c — read, validate and atomically write token shards (format in shard.h). A path
+ * is opened without blocking and refused unless it is a regular file, so a FIFO or a device
+ * given as a shard is one error line, not a hang.
  */
 #include "data/shard.h"
 
@@ -12,6 +14,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "util/file.h"
 
 /* Check a header against the file size; shared by read_header and open. */
 static enum ng_status check_header(const char *path, const int32_t *h, size_t file_bytes,
@@ -46,16 +50,28 @@ static enum ng_status check_header(const char *path, const int32_t *h, size_t fi
 	return NG_OK;
 }
 
+/* A descriptor of the regular file `path`, or an error line naming what it is instead. */
+static enum ng_status open_regular(const char *path, int *fd, struct stat *st)
+{
+	*fd = ng_file_open_regular(path, st);
+	if (*fd == -2) {
+		ng_fail(NG_ERR_INPUT, "shard %s: not a regular file (%s)", path,
+			ng_file_kind(st->st_mode));
+		ng_hint("give token shard files written by nanograph prepare");
+		return NG_ERR_INPUT;
+	}
+	if (*fd < 0)
+		return ng_fail(NG_ERR_INPUT, "shard %s: cannot open: %s", path, strerror(errno));
+	return NG_OK;
+}
+
 enum ng_status ng_shard_read_header(const char *path, size_t *count)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return ng_fail(NG_ERR_INPUT, "shard %s: cannot open: %s", path, strerror(errno));
+	int fd;
 	struct stat st;
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return ng_fail(NG_ERR_INPUT, "shard %s: not a regular file", path);
-	}
+	enum ng_status rc = open_regular(path, &fd, &st);
+	if (rc)
+		return rc;
 	int32_t h[3];
 	ssize_t got = pread(fd, h, sizeof(h), 0);
 	close(fd);
@@ -75,10 +91,16 @@ enum ng_status ng_shard_open(struct ng_shard *s, const char *path, int vocab)
 	enum ng_status st = ng_shard_read_header(path, &n);
 	if (st)
 		return st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return ng_fail(NG_ERR_INPUT, "shard %s: cannot open: %s", path, strerror(errno));
+	int fd;
+	struct stat sb;
+	st = open_regular(path, &fd, &sb); /* again: the path may name another file by now */
+	if (st)
+		return st;
 	size_t bytes = NG_SHARD_HEADER_BYTES + 2 * n;
+	if ((size_t)sb.st_size != bytes) {
+		close(fd);
+		return ng_fail(NG_ERR_INPUT, "shard %s: changed while being opened", path);
+	}
 	void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
 	int err = errno;
 	close(fd);

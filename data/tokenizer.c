@@ -1,6 +1,9 @@
 /*
  * data/tokenizer.c — loading encoder.json / vocab.bpe, pre-tokenizing with PCRE2, byte-level
- * BPE and decoding (see tokenizer.h).
+ * BPE and decoding (see tokenizer.h). Loading checks that the two files belong together: ids
+ * unique and dense, and the merges make every token that is neither a byte nor a special
+ * token exactly once, each from tokens that exist before it — a truncated vocab.bpe or one of
+ * another vocabulary is refused instead of encoding differently.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "data/tokenizer.h"
@@ -12,8 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ng_config.h"
+#include "util/file.h"
 #include "util/rng.h"
 
 /* \s spelled out as Unicode White_Space, which the reference implementation (Python's regex
@@ -70,21 +76,47 @@ static void cp_to_utf8(int cp, char *out)
 	}
 }
 
+/* A stream of the regular file `path` (a FIFO or a device would block the read forever). */
+static enum ng_status open_vocab_file(const char *path, FILE **out)
+{
+	struct stat sb;
+	int fd = ng_file_open_regular(path, &sb);
+	if (fd == -2)
+		return ng_fail(NG_ERR_INPUT, "tokenizer: %s is not a regular file (%s)", path,
+			       ng_file_kind(sb.st_mode));
+	if (fd < 0) {
+		ng_fail(NG_ERR_INPUT, "tokenizer: cannot open %s: %s", path, strerror(errno));
+		ng_hint("--vocab DIR must hold GPT-2's encoder.json and vocab.bpe");
+		return NG_ERR_INPUT;
+	}
+	*out = fdopen(fd, "rb");
+	if (!*out) {
+		close(fd);
+		return ng_fail(NG_ERR_RUNTIME, "tokenizer: cannot read %s: %s", path,
+			       strerror(errno));
+	}
+	return NG_OK;
+}
+
+/* A special token: "<|...|>", as GPT-2's <|endoftext|>; never made by a merge. */
+static bool is_special(const char *key)
+{
+	size_t n = strlen(key);
+	return n > 4 && strncmp(key, "<|", 2) == 0 && strcmp(key + n - 2, "|>") == 0;
+}
+
 static enum ng_status load_encoder(struct ng_tokenizer *tok, const char *path, json_t **enc_out)
 {
 	json_error_t jerr;
-	json_t *enc = json_load_file(path, 0, &jerr);
-	if (!enc) {
-		FILE *f = fopen(path, "rb");
-		if (!f) {
-			ng_fail(NG_ERR_INPUT, "tokenizer: cannot open %s: %s", path, strerror(errno));
-			ng_hint("--vocab DIR must hold GPT-2's encoder.json and vocab.bpe");
-			return NG_ERR_INPUT;
-		}
-		fclose(f);
+	FILE *f;
+	enum ng_status st = open_vocab_file(path, &f);
+	if (st)
+		return st;
+	json_t *enc = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+	fclose(f);
+	if (!enc)
 		return ng_fail(NG_ERR_INPUT, "tokenizer: %s is not valid JSON (line %d: %s)", path,
 			       jerr.line, jerr.text);
-	}
 	if (!json_is_object(enc) || json_object_size(enc) < 256) {
 		json_decref(enc);
 		return ng_fail(NG_ERR_INPUT, "tokenizer: %s is not a GPT-2 encoder (expected an "
@@ -102,15 +134,28 @@ static enum ng_status load_encoder(struct ng_tokenizer *tok, const char *path, j
 	json_t *val;
 	json_object_foreach(enc, key, val) {
 		json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
-		if (id < 0 || id > 65535) {
+		if (id < 0 || id > 65535) { /* the message quotes key: before the JSON is freed */
+			ng_fail(NG_ERR_INPUT, "tokenizer: %s: token \"%s\" has a bad id (must be an "
+				"integer 0..65535)", path, key);
 			json_decref(enc);
-			return ng_fail(NG_ERR_INPUT, "tokenizer: %s: token \"%s\" has a bad id (must be "
-				       "an integer 0..65535)", path, key);
+			return NG_ERR_INPUT;
 		}
 		max_id = id > max_id ? (int)id : max_id;
 		total += strlen(key);
+		tok->n_special += is_special(key);
 	}
 	tok->n_vocab = max_id + 1;
+	if (total > UINT32_MAX) { /* the decode table's offsets are 32-bit */
+		json_decref(enc);
+		return ng_fail(NG_ERR_INPUT, "tokenizer: %s: %zu bytes of token text, more than 4 GiB",
+			       path, total);
+	}
+	if ((size_t)tok->n_vocab != json_object_size(enc)) { /* then some id repeats or is missing */
+		json_decref(enc);
+		return ng_fail(NG_ERR_INPUT, "tokenizer: %s: %zu tokens with ids up to %d: the ids "
+			       "must be 0..%zu, each once", path, json_object_size(enc), max_id,
+			       json_object_size(enc) - 1);
+	}
 	tok->off_ = calloc((size_t)tok->n_vocab + 1, sizeof(uint32_t));
 	uint32_t *len = calloc((size_t)tok->n_vocab, sizeof(uint32_t));
 	char **ptr = calloc((size_t)tok->n_vocab, sizeof(char *));
@@ -125,10 +170,14 @@ static enum ng_status load_encoder(struct ng_tokenizer *tok, const char *path, j
 	}
 	/* Raw bytes of every key into scratch, then laid out by id into bytes_. */
 	size_t at = 0;
-	enum ng_status st = NG_OK;
 	json_object_foreach(enc, key, val) {
 		size_t n;
 		int id = (int)json_integer_value(val);
+		if (ptr[id]) {
+			st = ng_fail(NG_ERR_INPUT, "tokenizer: %s: id %d is given to two tokens", path,
+				     id);
+			break;
+		}
 		if (!key_to_bytes(key, byte_of_cp, scratch + at, &n) &&
 		    strcmp(key, "<|endoftext|>") != 0) {
 			st = ng_fail(NG_ERR_INPUT, "tokenizer: %s: key \"%s\" is not byte-level BPE "
@@ -198,24 +247,33 @@ static uint64_t merge_get(const struct ng_tokenizer *tok, uint32_t a, uint32_t b
 
 static enum ng_status load_merges(struct ng_tokenizer *tok, const char *path, json_t *enc)
 {
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		ng_fail(NG_ERR_INPUT, "tokenizer: cannot open %s: %s", path, strerror(errno));
-		ng_hint("--vocab DIR must hold GPT-2's encoder.json and vocab.bpe");
-		return NG_ERR_INPUT;
-	}
+	FILE *f;
+	enum ng_status st = open_vocab_file(path, &f);
+	if (st)
+		return st;
 	tok->merge_cap_ = 1 << 17;
 	tok->merge_key_ = calloc(tok->merge_cap_, sizeof(uint64_t));
 	tok->merge_val_ = calloc(tok->merge_cap_, sizeof(uint64_t));
-	if (!tok->merge_key_ || !tok->merge_val_) {
+	/* made[id]: the token exists by this point of vocab.bpe (a byte, or made by a merge above);
+	 * specials are marked too, so that no merge may make or use them */
+	unsigned char *made = calloc((size_t)tok->n_vocab, 1);
+	if (!tok->merge_key_ || !tok->merge_val_ || !made) {
+		free(made);
 		fclose(f);
 		return ng_fail(NG_ERR_RUNTIME, "tokenizer: out of memory loading %s", path);
+	}
+	for (int b = 0; b < 256; b++)
+		made[tok->byte_id[b]] = 1;
+	const char *key;
+	json_t *val;
+	json_object_foreach(enc, key, val) {
+		if (is_special(key))
+			made[json_integer_value(val)] = 2;
 	}
 	char *line = NULL;
 	size_t cap = 0;
 	ssize_t n;
 	int lineno = 0;
-	enum ng_status st = NG_OK;
 	while ((n = getline(&line, &cap, f)) >= 0) {
 		lineno++;
 		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
@@ -229,6 +287,11 @@ static enum ng_status load_merges(struct ng_tokenizer *tok, const char *path, js
 			break;
 		}
 		*sp = '\0';
+		if (strlen(line) != (size_t)n - strlen(sp + 1) - 1 || (size_t)n >= 1024) {
+			st = ng_fail(NG_ERR_INPUT, "tokenizer: %s line %d: a NUL byte or more than "
+				     "1023 bytes", path, lineno);
+			break;
+		}
 		json_t *a = json_object_get(enc, line), *b = json_object_get(enc, sp + 1);
 		char both[1024];
 		snprintf(both, sizeof(both), "%s%s", line, sp + 1);
@@ -238,6 +301,16 @@ static enum ng_status load_merges(struct ng_tokenizer *tok, const char *path, js
 				     "token missing from encoder.json", path, lineno, line, sp + 1);
 			break;
 		}
+		json_int_t ia = json_integer_value(a), ib = json_integer_value(b);
+		json_int_t iab = json_integer_value(ab);
+		if (made[ia] != 1 || made[ib] != 1 || made[iab]) {
+			st = ng_fail(NG_ERR_INPUT, "tokenizer: %s line %d: merge \"%s %s\" %s", path,
+				     lineno, line, sp + 1, made[iab] ? "makes a token that is a byte, "
+				     "a special token or made by an earlier merge" : "uses a token "
+				     "no earlier merge made");
+			break;
+		}
+		made[iab] = 1;
 		if ((size_t)tok->n_merges * 2 >= tok->merge_cap_) {
 			st = ng_fail(NG_ERR_INPUT, "tokenizer: %s: more than %zu merges", path,
 				     tok->merge_cap_ / 2);
@@ -252,6 +325,17 @@ static enum ng_status load_merges(struct ng_tokenizer *tok, const char *path, js
 		st = ng_fail(NG_ERR_INPUT, "tokenizer: cannot read %s", path);
 	if (!st && tok->n_merges == 0)
 		st = ng_fail(NG_ERR_INPUT, "tokenizer: %s holds no merges", path);
+	/* each merge made a distinct token: the counts agree exactly when every token is made */
+	int want = tok->n_vocab - 256 - tok->n_special;
+	if (!st && tok->n_merges != want) {
+		ng_fail(NG_ERR_INPUT, "tokenizer: %s holds %d merges, its encoder.json needs %d (%d "
+			"tokens - 256 bytes - %d special)", path, tok->n_merges, want, tok->n_vocab,
+			tok->n_special);
+		ng_hint("vocab.bpe is truncated or belongs to another vocabulary: take both files "
+			"from the same release");
+		st = NG_ERR_INPUT;
+	}
+	free(made);
 	free(line);
 	fclose(f);
 	return st;
@@ -535,6 +619,25 @@ static enum ng_status encode_word(const struct ng_tokenizer *tok, struct ng_bpe_
 	return NG_OK;
 }
 
+/* One pre-token, in pieces of at most NG_TOKENIZER_MAX_WORD bytes (each cut moved back to a
+ * UTF-8 lead byte where one is near): BPE's time and memory stay bounded by the piece, and a
+ * pre-token of ordinary text, far shorter, is encoded whole as before. */
+static enum ng_status encode_pretoken(const struct ng_tokenizer *tok, struct ng_bpe_cache *c,
+				      const unsigned char *w, size_t n, struct ng_token_buf *out)
+{
+	while (n > NG_TOKENIZER_MAX_WORD) {
+		size_t cut = NG_TOKENIZER_MAX_WORD;
+		for (int k = 0; k < 3 && (w[cut] & 0xc0) == 0x80; k++)
+			cut--;
+		enum ng_status st = encode_word(tok, c, w, cut, out);
+		if (st)
+			return st;
+		w += cut;
+		n -= cut;
+	}
+	return encode_word(tok, c, w, n, out);
+}
+
 void ng_bpe_cache_free(struct ng_bpe_cache *c)
 {
 	pcre2_match_data_free((pcre2_match_data *)c->match_);
@@ -575,9 +678,9 @@ enum ng_status ng_tokenizer_encode(const struct ng_tokenizer *tok, struct ng_bpe
 			break;
 		}
 		if (m0 > at) /* bytes no pattern branch matches (invalid UTF-8): a pre-token */
-			st = encode_word(tok, cache, s + at, m0 - at, out);
+			st = encode_pretoken(tok, cache, s + at, m0 - at, out);
 		if (!st && m1 > m0)
-			st = encode_word(tok, cache, s + m0, m1 - m0, out);
+			st = encode_pretoken(tok, cache, s + m0, m1 - m0, out);
 		at = m1 > at ? m1 : at + 1; /* matches are never empty; guard anyway */
 	}
 	if (!cache)

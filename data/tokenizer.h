@@ -7,8 +7,11 @@
  * through PCRE2 (UTF + UCP, JIT). Bytes that are not valid UTF-8 never match; each run of them
  * between matches becomes a pre-token of its own, so ANY byte string encodes and
  * decode(encode(x)) == x. Each pre-token's bytes start as single-byte tokens and are merged
- * lowest-rank pair first (a heap over a linked list: O(n log n) even for a 1 MB "word");
- * results per pre-token are cached per thread in a struct ng_bpe_cache.
+ * lowest-rank pair first (a heap over a linked list: O(n log n)); results per pre-token are
+ * cached per thread in a struct ng_bpe_cache. A pre-token longer than NG_TOKENIZER_MAX_WORD
+ * bytes (no word of text is: a 50 MB line without a space is) is encoded in pieces of at most
+ * that size, so time and memory per byte stay bounded; its tokens then differ from unbounded
+ * BPE's only next to the cuts.
  * The tokenizer holds everything in raw bytes: the byte-to-unicode mapping of GPT-2 is undone
  * once, at load.
  *
@@ -29,6 +32,7 @@ extern "C" {
 #endif
 
 #define NG_TOKENIZER_EOT 50256 /* <|endoftext|> */
+#define NG_TOKENIZER_MAX_WORD 16384 /* bytes of a pre-token encoded as one piece */
 
 struct ng_tokenizer {
 	int n_vocab;          /* largest id + 1 (50257 for GPT-2) */
@@ -38,7 +42,8 @@ struct ng_tokenizer {
 	uint64_t *merge_key_; /* (merge_cap_,) open addressing: (left << 32 | right), 0 = empty */
 	uint64_t *merge_val_; /* (merge_cap_,) (rank << 32 | merged id) */
 	size_t merge_cap_;    /* power of two */
-	int n_merges;         /* lines of vocab.bpe */
+	int n_merges;         /* lines of vocab.bpe: n_vocab - 256 - n_special */
+	int n_special;        /* tokens "<|...|>" (GPT-2: <|endoftext|>), made by no merge */
 	void *re_;            /* pcre2_code_8 *, the compiled (JIT) pre-tokenizer pattern */
 };
 

@@ -1,7 +1,7 @@
 /*
  * src/checkpoint.c — writing safetensors model and training-state files (see checkpoint.h):
  * the JSON header through jansson, HF GPT-2 names with Conv1D (in, out) transposes, an FNV-1a
- * checksum of the data section, atomic writes (temporary, fsync, rename, fsync of the
+ * checksum of the whole file (header and data), atomic writes (temporary, fsync, rename, fsync of the
  * directory). Reading is src/checkpoint_read.c.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -17,16 +17,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/file.h"
 
-uint64_t ng_ckpt_checksum(const void *data, size_t n)
+
+uint64_t ng_ckpt_fnv1a_(uint64_t h, const void *data, size_t n)
 {
 	const unsigned char *p = data;
-	uint64_t h = 1469598103934665603ull;
 	for (size_t i = 0; i < n; i++) {
 		h ^= p[i];
 		h *= 1099511628211ull;
 	}
 	return h;
+}
+
+uint64_t ng_ckpt_checksum(const void *data, size_t n)
+{
+	return ng_ckpt_fnv1a_(NG_CKPT_FNV_INIT, data, n);
 }
 
 /* ---- writing ---- */
@@ -105,13 +111,14 @@ static void meta_set(json_t *meta, const char *key, unsigned long long v)
 	json_object_set_new(meta, key, json_string(s));
 }
 
-/* Build the header for tensors t[0..n) laid out back to back, with `meta` (consumed), and write. */
+/* Build the header for tensors t[0..n) laid out back to back, with `meta` (consumed), and write.
+ * The checksum (checkpoint.h) is the last metadata entry: its 16 digits are written as '0',
+ * the whole file hashed so, and the digits filled in. */
 static enum ng_status write_safetensors(const char *path, const struct out_tensor *t, int n,
 					json_t *meta)
 {
 	json_t *root = json_object();
 	size_t off = 0;
-	uint64_t h = 1469598103934665603ull;
 	for (int i = 0; i < n; i++) {
 		json_t *e = json_object(), *shape = json_array(), *offs = json_array();
 		for (int d = 0; d < t[i].ndim; d++)
@@ -123,16 +130,9 @@ static enum ng_status write_safetensors(const char *path, const struct out_tenso
 		json_object_set_new(e, "data_offsets", offs);
 		json_object_set_new(root, t[i].name, e);
 		off += t[i].bytes;
-		/* FNV-1a continues across tensors: the checksum of the whole data section */
-		const unsigned char *p = t[i].data;
-		for (size_t k = 0; k < t[i].bytes; k++) {
-			h ^= p[k];
-			h *= 1099511628211ull;
-		}
 	}
-	char ck[24];
-	snprintf(ck, sizeof(ck), "%016" PRIx64, h);
-	json_object_set_new(meta, "checksum", json_string(ck));
+	json_object_set_new(meta, "checksum",
+			    json_string(NG_CKPT_CHECKSUM_PREFIX "0000000000000000"));
 	json_object_set_new(root, "__metadata__", meta);
 	char *js = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
@@ -140,13 +140,26 @@ static enum ng_status write_safetensors(const char *path, const struct out_tenso
 		return ng_fail(NG_ERR_RUNTIME, "cannot format the safetensors header of %s", path);
 	size_t len = strlen(js), padded = (len + 7) / 8 * 8;
 	char *hdr = malloc(padded);
-	if (!hdr) {
+	char *digits = strstr(js, "\"checksum\":\"" NG_CKPT_CHECKSUM_PREFIX);
+	if (!hdr || !digits) {
+		free(hdr);
 		free(js);
-		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
+		return ng_fail(NG_ERR_RUNTIME, "cannot format the safetensors header of %s", path);
 	}
 	memcpy(hdr, js, len);
 	memset(hdr + len, ' ', padded - len); /* the format allows trailing spaces */
+	digits = hdr + (digits - js) + strlen("\"checksum\":\"" NG_CKPT_CHECKSUM_PREFIX);
 	free(js);
+	unsigned char len8[8];
+	for (int i = 0; i < 8; i++)
+		len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+	uint64_t h = ng_ckpt_fnv1a_(NG_CKPT_FNV_INIT, len8, 8);
+	h = ng_ckpt_fnv1a_(h, hdr, padded);
+	for (int i = 0; i < n; i++)
+		h = ng_ckpt_fnv1a_(h, t[i].data, t[i].bytes);
+	char ck[24];
+	snprintf(ck, sizeof(ck), "%016" PRIx64, h);
+	memcpy(digits, ck, 16);
 	enum ng_status st = write_atomic(path, hdr, padded, t, n);
 	free(hdr);
 	return st;
@@ -281,6 +294,8 @@ enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state
 	meta_set(meta, "Tseq", (unsigned long long)s->T);
 	meta_set(meta, "K", (unsigned long long)s->K);
 	meta_set(meta, "world", (unsigned long long)(s->world > 1 ? s->world : 1));
+	if (s->shuffle >= 0)
+		meta_set(meta, "shuffle", (unsigned long long)s->shuffle);
 	meta_set(meta, "has_pos", s->has_pos);
 	meta_set(meta, "optimizer_muon", (unsigned long long)(s->muon != 0));
 	meta_set(meta, "pos_seed", s->pos.seed);
@@ -321,6 +336,34 @@ void ng_ckpt_path(char *out, size_t n, const char *dir, const char *kind, long l
 	snprintf(out, n, "%s/%s_%08lld.safetensors", dir, kind, step);
 }
 
+enum ng_status ng_ckpt_check_dir(const char *dir)
+{
+	struct stat sb;
+	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+		ng_fail(NG_ERR_INPUT, "cannot create the checkpoint directory %s: %s", dir,
+			strerror(errno));
+		ng_hint("give --out a directory that exists or whose parent is writable");
+		return NG_ERR_INPUT;
+	}
+	if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+		ng_fail(NG_ERR_INPUT, "the checkpoint directory %s is not a directory", dir);
+		ng_hint("give --out a directory");
+		return NG_ERR_INPUT;
+	}
+	char probe[4200];
+	snprintf(probe, sizeof(probe), "%s/.nanograph-probe-XXXXXX", dir);
+	int fd = mkstemp(probe);
+	if (fd < 0) {
+		ng_fail(NG_ERR_INPUT, "cannot write into the checkpoint directory %s: %s", dir,
+			strerror(errno));
+		ng_hint("give --out a writable directory");
+		return NG_ERR_INPUT;
+	}
+	close(fd);
+	unlink(probe);
+	return NG_OK;
+}
+
 enum ng_status ng_ckpt_save(const char *dir, const struct ng_train_state *s,
 			    const float *params32)
 {
@@ -347,17 +390,28 @@ enum ng_status ng_ckpt_latest(const char *dir, long long *step)
 {
 	char path[4096];
 	snprintf(path, sizeof(path), "%s/latest", dir);
-	FILE *fp = fopen(path, "r");
-	if (!fp) {
+	struct stat sb;
+	int fd = ng_file_open_regular(path, &sb);
+	if (fd < 0) {
 		ng_fail(NG_ERR_INPUT, "--resume: no checkpoint in %s (%s: %s)", dir, path,
-			strerror(errno));
+			fd == -2 ? ng_file_kind(sb.st_mode) : strerror(errno));
 		ng_hint("write checkpoints with --ckpt-every N (and SIGINT/SIGTERM) into --out DIR");
 		return NG_ERR_INPUT;
 	}
-	long long s = -1;
-	int ok = fscanf(fp, "%lld", &s);
-	fclose(fp);
-	if (ok != 1 || s < 0)
+	char text[32];
+	ssize_t n = read(fd, text, sizeof(text) - 1);
+	close(fd);
+	/* digits and one newline, as ng_ckpt_save writes it; a step of at most 2^62 */
+	long long s = 0;
+	bool ok = n > 0;
+	ssize_t i = 0;
+	for (; ok && i < n && text[i] >= '0' && text[i] <= '9'; i++) {
+		int d = text[i] - '0';
+		ok = s <= ((1ll << 62) - d) / 10;
+		s = ok ? s * 10 + d : s;
+	}
+	ok = ok && i > 0 && (i == n || (text[i] == '\n' && i + 1 == n));
+	if (!ok)
 		return ng_fail(NG_ERR_INPUT, "%s does not hold a step number", path);
 	*step = s;
 	return NG_OK;

@@ -15,14 +15,25 @@
  *   .attn.c_proj.weight (C, C) = attprojw[i]^T   .ln_2.weight/bias   .mlp.c_fc.weight (C, 4C)
  *   .mlp.c_proj.weight (4C, C)   transformer.ln_f.weight/bias (C)
  * lm_head.weight is not written: GPT-2 ties it to wte (transformers re-ties it on load).
- * Metadata: format=pt, n_layer, n_head, n_embd, n_positions, vocab_size, checksum (FNV-1a 64 of
- * the data section, hex). Reading accepts names with or without the "transformer." prefix,
- * F32/BF16/F16 data, a missing checksum (files from other writers) and infers the config from
- * the shapes (n_head from the metadata, else C/64).
+ * Metadata: format=pt, n_layer, n_head, n_embd, n_positions, vocab_size, checksum.
+ *
+ * Checksum: the last metadata entry, "checksum": "header+data:<16 hex digits>", the FNV-1a 64 of
+ * the whole file (length, header JSON, data) with those 16 digits read as '0'. So the header
+ * (shapes, data_offsets, every metadata value) is covered as well as the data, the entry is an
+ * ordinary string that Hugging Face's readers pass over, and verifying needs no JSON rewriting:
+ * the digits are found where they stand in the header bytes. Files of earlier versions carry a
+ * bare "<16 hex digits>" over the data section only, and are still read.
+ * Reading accepts names with or without the "transformer." prefix, F32/F64/BF16/F16 data, a
+ * missing checksum (files from other writers, e.g. HF's GPT-2) and infers the config from the
+ * shapes: L from the layers present, n_head from the metadata, else C/64. Metadata that is
+ * present must be a decimal integer in range and agree with the tensors.
  *
  * State file: tensors "params", "adam_m", "adam_v" (F32 from the GPU, F64 from the CPU
  * reference: the master copy's own precision, so a resume is bit-exact), metadata with step,
- * n_skipped, seed, the shape (L H C T V B Tseq K), the loader position and the checksum.
+ * n_skipped, seed, the shape (L H C T V B Tseq K), world, shuffle, the loader position and the
+ * checksum, which a state file must carry. On reading, the invariants of a run are checked:
+ * 0 <= n_skipped <= step, and with shards the loader position is the one `step` steps of K
+ * batches lead to (epoch * batches_per_epoch + batch = step * K).
  *
  * A checkpoint directory holds model_<step>.safetensors, state_<step>.safetensors and `latest`
  * (the step, written last and atomically): a run killed while writing leaves the previous
@@ -52,6 +63,8 @@ struct ng_train_state {
 	                              * of earlier versions), not checked on resume */
 	int muon;                    /* 1: written by --optimizer muon (adam_m holds Muon's momentum
 	                              * in the hidden matrices' ranges); 0: AdamW, or not recorded */
+	int shuffle;                 /* 1: shuffled windows, 0: --no-shuffle, -1: not recorded
+	                              * (files of earlier versions), not checked on resume */
 	int elem_size;               /* 4 (float) or 8 (double): the master weights' precision */
 	size_t n;                    /* elements per buffer: the flat layout's total */
 	void *params;                /* (n) master weights, flat layout of graph/gpt.h */
@@ -86,8 +99,17 @@ enum ng_status ng_ckpt_latest(const char *dir, long long *step);
 /* "dir/model_00000100.safetensors" or "dir/state_00000100.safetensors". */
 void ng_ckpt_path(char *out, size_t n, const char *dir, const char *kind, long long step);
 
+/* Make dir (if missing) and check that a file can be created in it: what a run does before
+ * step 1, so an unusable --out is found before any work is done. NG_ERR_INPUT naming it. */
+enum ng_status ng_ckpt_check_dir(const char *dir);
+
 /* FNV-1a 64 of n bytes (the checksum of a file's data section). */
 uint64_t ng_ckpt_checksum(const void *data, size_t n);
+/* FNV-1a 64 continued over n more bytes from h (NG_CKPT_FNV_INIT to start). */
+#define NG_CKPT_FNV_INIT 1469598103934665603ull
+uint64_t ng_ckpt_fnv1a_(uint64_t h, const void *data, size_t n);
+/* The checksum value's prefix: the hash covers the header and the data. */
+#define NG_CKPT_CHECKSUM_PREFIX "header+data:"
 
 /* Internal (checkpoint.c and checkpoint_read.c). Model-file tensor k, 0 <= k < 4 + 12 L: its HF
  * name, offset of our source in the flat layout, HF shape (ndim 1 or 2) and whether HF stores

@@ -20,6 +20,7 @@
 #include "src/checkpoint.h"
 #include "src/commands.h"
 #include "src/train.h"
+#include "util/file.h"
 
 /* The model of --ckpt (a file, or a directory's latest checkpoint). */
 static enum ng_status load_ckpt(const char *ckpt, struct ng_gpt_config *cfg, float **params)
@@ -235,6 +236,11 @@ enum ng_status ng_cmd_eval(int argc, char **argv)
 		return ng_fail(NG_ERR_INPUT, "eval: --val GLOB is required");
 	if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0)
 		return ng_fail(NG_ERR_INPUT, "eval --device: '%s' is not cuda or cpu", device);
+	if (strcmp(device, "cuda") == 0 && ng_cuda_device_count() == 0) {
+		ng_fail(NG_ERR_RUNTIME, "eval: no CUDA device found");
+		ng_hint("evaluate on the CPU reference with --device cpu (small models only)");
+		return NG_ERR_RUNTIME;
+	}
 	struct ng_gpt_config cfg;
 	float *params = NULL;
 	st = load_ckpt(ckpt, &cfg, &params);
@@ -257,7 +263,9 @@ enum ng_status ng_cmd_eval(int argc, char **argv)
 	long long per_epoch = (long long)(lp.windows / (uint64_t)batch);
 	int n = (int)(batches > 0 ? batches : per_epoch < 100 ? per_epoch : 100);
 	size_t window = (size_t)batch * (cfg.T + 1);
-	tokens = malloc(window * n * sizeof(uint16_t));
+	size_t bytes;
+	if (ng_size_mul(window, (size_t)n * sizeof(uint16_t), &bytes))
+		tokens = malloc(bytes);
 	if (!tokens) {
 		st = ng_fail(NG_ERR_RUNTIME, "out of host memory for %d batches", n);
 		goto done;

@@ -114,7 +114,8 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 	return NG_ERR_INPUT;
 }
 
-/* Parse the command line, then build the planned step; *help when --help was shown (g empty). */
+/* Parse the command line, then build the planned step; *help when --help was shown (g empty).
+ * On an error g is empty too. */
 static enum ng_status parse_and_build(struct ng_command_spec *spec, int argc, char **argv,
 				      const struct ng_model_args *ma, const struct plan_args *pa,
 				      struct ng_shape *shape, struct ng_graph *g, bool *help)
@@ -125,7 +126,10 @@ static enum ng_status parse_and_build(struct ng_command_spec *spec, int argc, ch
 	enum ng_status st = ng_cli_parse(spec, argc, argv, pos, &npos, help);
 	if (st || *help)
 		return st;
-	return build(ma, pa, shape, g);
+	st = build(ma, pa, shape, g);
+	if (st) /* a build that failed part way (--recompute auto out of budget) holds memory */
+		ng_graph_free(g);
+	return st;
 }
 
 /* The numbers plan reports. */

@@ -18,12 +18,18 @@
  *
  * Safety: every input, the vocabulary and the output directory are checked before any work;
  * shards are written under temporary names and renamed into place only when everything
- * succeeded, so a failure leaves earlier outputs untouched and no half shard behind.
+ * succeeded, so a failure leaves earlier outputs untouched and no half shard behind. SIGINT and
+ * SIGTERM remove the temporaries too: the handler unlinks the sinks' temporary names (unlink,
+ * write and raise only: async-signal-safe) and ends the process by the signal. The sinks change
+ * only with both signals blocked in the main thread, and the worker threads block them, so the
+ * handler always reads a whole list; renaming into place is one blocked section too, so a
+ * signal leaves all shards or none.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +42,7 @@
 #include "data/tokenizer.h"
 #include "src/cli.h"
 #include "src/commands.h"
+#include "util/file.h"
 
 #define ROUND_BYTES (32u << 20) /* text per round */
 #define CHUNK_BYTES (1u << 20)  /* text per work item */
@@ -80,6 +87,37 @@ struct sink {
 	char (*final)[4200];      /* (index,) final names */
 };
 
+/* The sinks whose temporaries a signal removes (NULL: none yet). */
+static struct sink *volatile signal_sinks[2];
+
+static void on_signal(int sig)
+{
+	for (int k = 0; k < 2; k++) {
+		struct sink *s = signal_sinks[k];
+		for (int i = 0; s && s->tmp && i < s->index; i++)
+			unlink(s->tmp[i]);
+	}
+	static const char msg[] = "nanograph: prepare: interrupted; its temporary shards are "
+				  "removed, nothing was written\n";
+	ssize_t w = write(2, msg, sizeof(msg) - 1);
+	(void)w;
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+	sigaction(sig, &dfl, NULL);
+	raise(sig); /* delivered when the handler returns: the exit status says which signal */
+}
+
+/* Block SIGINT and SIGTERM in this thread (old: the mask before), or restore `old`. */
+static void block_signals(sigset_t *old)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
+static void restore_signals(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
 struct bar {
 	bool on;          /* stderr is a terminal */
 	double t0, last;  /* start and last draw, seconds */
@@ -113,18 +151,13 @@ static enum ng_status read_file(const char *path, char **data, size_t *len)
 {
 	*data = NULL;
 	*len = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	struct stat st;
-	if (fd < 0 || fstat(fd, &st) != 0) {
-		int e = errno;
-		if (fd >= 0)
-			close(fd);
-		return ng_fail(NG_ERR_INPUT, "prepare: cannot read %s: %s", path, strerror(e));
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(fd);
-		return ng_fail(NG_ERR_INPUT, "prepare: %s is not a regular file", path);
-	}
+	int fd = ng_file_open_regular(path, &st); /* never blocks on a FIFO */
+	if (fd == -2)
+		return ng_fail(NG_ERR_INPUT, "prepare: %s is not a regular file (%s)", path,
+			       ng_file_kind(st.st_mode));
+	if (fd < 0)
+		return ng_fail(NG_ERR_INPUT, "prepare: cannot read %s: %s", path, strerror(errno));
 	char *buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
 		close(fd);
@@ -273,10 +306,8 @@ static void *encode_worker(void *arg)
 	return NULL;
 }
 
-static enum ng_status sink_flush(struct sink *s)
+static enum ng_status sink_flush_(struct sink *s)
 {
-	if (s->n == 0)
-		return NG_OK;
 	void *t = realloc(s->tmp, (size_t)(s->index + 1) * sizeof(*s->tmp));
 	if (t)
 		s->tmp = t;
@@ -297,6 +328,19 @@ static enum ng_status sink_flush(struct sink *s)
 	return NG_OK;
 }
 
+/* Write the filled part of the buffer as the next temporary shard. Signals wait until its name
+ * is in the list (the handler would miss a file mkstemp made a moment before). */
+static enum ng_status sink_flush(struct sink *s)
+{
+	if (s->n == 0)
+		return NG_OK;
+	sigset_t old;
+	block_signals(&old);
+	enum ng_status st = sink_flush_(s);
+	restore_signals(&old);
+	return st;
+}
+
 static enum ng_status sink_push(struct sink *s, const uint16_t *t, size_t n)
 {
 	while (n) {
@@ -314,7 +358,8 @@ static enum ng_status sink_push(struct sink *s, const uint16_t *t, size_t n)
 	return NG_OK;
 }
 
-/* Remove the temporaries (failure) or rename them into place (success). */
+/* Remove the temporaries (failure) or rename them into place (success). Called with the
+ * signals blocked: the list is emptied before a signal can look at it. */
 static enum ng_status sink_finish(struct sink *s, bool commit)
 {
 	enum ng_status st = NG_OK;
@@ -327,6 +372,8 @@ static enum ng_status sink_finish(struct sink *s, bool commit)
 	free(s->tmp);
 	free(s->final);
 	free(s->buf);
+	s->tmp = s->final = NULL;
+	s->buf = NULL;
 	return st;
 }
 
@@ -350,9 +397,13 @@ static enum ng_status encode_round(const struct ng_tokenizer *tok, const struct 
 	pthread_mutex_init(&r.mu, NULL);
 	pthread_t th[16];
 	int started = 0;
+	sigset_t old;
+	block_signals(&old); /* the workers start with SIGINT/SIGTERM blocked: the main thread
+			      * takes them, outside its blocked sections */
 	for (int i = 1; i < threads; i++)
 		if (pthread_create(&th[started], NULL, encode_worker, &r) == 0)
 			started++;
+	restore_signals(&old);
 	encode_chunks(&r, bar, *done); /* the calling thread works too */
 	for (int i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
@@ -512,7 +563,8 @@ enum ng_status ng_cmd_prepare(int argc, char **argv)
 			return ng_fail(NG_ERR_INPUT, "prepare: cannot read %s: %s", files[i],
 				       strerror(errno));
 		if (!S_ISREG(sb.st_mode))
-			return ng_fail(NG_ERR_INPUT, "prepare: %s is not a regular file", files[i]);
+			return ng_fail(NG_ERR_INPUT, "prepare: %s is not a regular file (%s)", files[i],
+				       ng_file_kind(sb.st_mode));
 		bar.total += (size_t)sb.st_size;
 	}
 	struct ng_tokenizer tok;
@@ -521,14 +573,24 @@ enum ng_status ng_cmd_prepare(int argc, char **argv)
 		return st;
 	double t_vocab = now_s() - bar.t0; /* one-time cost, reported apart from the text rate */
 	bar.t0 = now_s();
+	sigset_t old_mask;
+	block_signals(&old_mask); /* the probe file of check_out_dir, and installing the handler */
 	st = check_out_dir(a.out);
 	if (st) {
+		restore_signals(&old_mask);
 		ng_tokenizer_free(&tok);
 		return st;
 	}
 	size_t cap = (size_t)a.shard_tokens;
 	struct sink val = { .dir = a.out, .prefix = "val", .cap = cap };
 	struct sink train = { .dir = a.out, .prefix = "train", .cap = cap };
+	struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESTART }, old_int, old_term;
+	sigemptyset(&sa.sa_mask);
+	signal_sinks[0] = &val;
+	signal_sinks[1] = &train;
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
+	restore_signals(&old_mask);
 	val.buf = a.val_tokens ? malloc(cap * sizeof(uint16_t)) : NULL;
 	train.buf = malloc(cap * sizeof(uint16_t));
 	if ((a.val_tokens && !val.buf) || !train.buf)
@@ -549,9 +611,16 @@ enum ng_status ng_cmd_prepare(int argc, char **argv)
 		st = NG_ERR_INPUT;
 	}
 	bar_draw(&bar, bar.total, true);
-	/* Rename into place only now: a failure above leaves the output directory as it was. */
+	/* Rename into place only now: a failure above leaves the output directory as it was. A
+	 * signal waits for all of it (then the output is whole, and the signal ends the process
+	 * once the handlers are restored: its default action). */
+	block_signals(&old_mask);
 	enum ng_status st2 = sink_finish(&val, st == NG_OK);
 	enum ng_status st3 = sink_finish(&train, st == NG_OK && st2 == NG_OK);
+	signal_sinks[0] = signal_sinks[1] = NULL;
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
+	restore_signals(&old_mask);
 	st = st ? st : st2 ? st2 : st3;
 	ng_tokenizer_free(&tok);
 	if (st)

@@ -204,8 +204,8 @@ static double now_s(void)
 static int try_read(const char *path, int world, void *blob, size_t n, double not_before)
 {
 	struct stat sb;
-	if (stat(path, &sb) != 0 || (double)sb.st_mtime < not_before)
-		return 0;
+	if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || (double)sb.st_mtime < not_before)
+		return 0; /* not a regular file (a FIFO would block fopen): never a record */
 	FILE *f = fopen(path, "rb");
 	if (!f)
 		return 0;

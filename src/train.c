@@ -6,21 +6,25 @@
 #include "src/train.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "data/loader.h"
 #include "data/synth.h"
+#include "util/file.h"
 
 struct feed {
 	struct ng_synth synth;     /* when no --train */
 	bool synthetic;
 	struct ng_loader train;    /* when --train */
+	bool train_open;           /* train is open (close it on every path out) */
 	uint16_t *val;             /* val_batches micro-batches of B*(T+1), read once */
 	int n_val;
 	double floor;              /* synthetic: the entropy floor in nats; NAN otherwise */
@@ -42,6 +46,8 @@ static double now_s(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+
+static void feed_close(struct feed *f);
 
 static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
 {
@@ -68,14 +74,18 @@ static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
 		st = ng_loader_open(&f->train, &lc);
 		if (st)
 			return st;
+		f->train_open = true;
 	}
 	f->n_val = (int)o->val_batches;
 	if (f->n_val == 0 || (!f->synthetic && !o->val_glob))
 		return NG_OK;
-	f->val = malloc(window * f->n_val * sizeof(uint16_t));
-	if (!f->val)
-		return ng_fail(NG_ERR_RUNTIME, "out of host memory for %d validation batches",
-			       f->n_val);
+	size_t bytes;
+	if (!ng_size_mul(window, (size_t)f->n_val * sizeof(uint16_t), &bytes) ||
+	    !(f->val = malloc(bytes))) {
+		st = ng_fail(NG_ERR_RUNTIME, "out of host memory for %d validation batches",
+			     f->n_val);
+		goto fail;
+	}
 	if (f->synthetic) {
 		for (int i = 0; i < f->n_val; i++)
 			ng_synth_batch(&f->synth, 1, (uint64_t)i, s->B, s->T, f->val + i * window);
@@ -88,7 +98,7 @@ static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
 	};
 	st = ng_loader_open(&vl, &vc);
 	if (st)
-		return st;
+		goto fail;
 	for (int i = 0; i < f->n_val && !st; i++) {
 		const uint16_t *b;
 		st = ng_loader_next(&vl, &b);
@@ -96,16 +106,24 @@ static enum ng_status feed_open(struct feed *f, const struct ng_train_opts *o)
 			memcpy(f->val + i * window, b, window * sizeof(uint16_t));
 	}
 	ng_loader_close(&vl);
+	if (!st)
+		return NG_OK;
+fail: /* release what was started: the training loader's prefetch thread reads f->train */
+	feed_close(f);
 	return st;
 }
 
+/* Release whatever feed_open started; safe on a feed it left half open or already closed. */
 static void feed_close(struct feed *f)
 {
 	if (f->synthetic)
 		ng_synth_free(&f->synth);
-	else
+	if (f->train_open)
 		ng_loader_close(&f->train);
+	f->train_open = false;
+	f->synthetic = false;
 	free(f->val);
+	f->val = NULL;
 }
 
 /* Fill K micro-batches of step `step` (0-based). */
@@ -134,6 +152,9 @@ struct logger {
 	FILE *out;                 /* step lines: stderr on rank 0, /dev/null elsewhere */
 	bool tty;                  /* out is a terminal: draw the progress bar */
 	FILE *metrics;
+	const char *metrics_path;
+	int metrics_errno;         /* the first failed write of the metrics (0: none); writing
+	                            * stops there and the loop fails after keeping its work */
 	double t_start, t_last;    /* wall clock of the start and the last printed result */
 	long long last_step;       /* step of the last result */
 	double tokens_per_step, flops_per_token, peak;
@@ -171,6 +192,19 @@ static void progress_bar(FILE *f, long long step, long long steps, double loss, 
 	else
 		fprintf(f, "%llds", e);
 	fflush(f);
+}
+
+/* Push the metrics line out now (each line is on disk as its step completes); a failed write
+ * (disk full, /dev/full, a quota) is remembered, and the metrics are closed: nothing more is
+ * written to a file that has lost lines. */
+static void metrics_flush(struct logger *lg)
+{
+	errno = 0;
+	if (fflush(lg->metrics) == 0 && !ferror(lg->metrics))
+		return;
+	lg->metrics_errno = errno ? errno : EIO;
+	fclose(lg->metrics);
+	lg->metrics = NULL;
 }
 
 static void log_result(struct logger *lg, const struct ng_step_result *r, bool print)
@@ -211,7 +245,7 @@ static void log_result(struct logger *lg, const struct ng_step_result *r, bool p
 			isfinite(r->loss) ? r->loss : -1.0, r->lr,
 			isfinite(r->grad_norm) ? r->grad_norm : -1.0, ms, tok_s, mfu,
 			r->skipped ? ",\"skipped\":true" : "");
-		fflush(lg->metrics);
+		metrics_flush(lg);
 	}
 }
 
@@ -251,14 +285,16 @@ static enum ng_status validate(struct ng_backend *be, struct feed *f, struct log
 		if (isfinite(f->floor))
 			fprintf(lg->metrics, ",\"val_floor\":%.6g", f->floor);
 		fprintf(lg->metrics, "}\n");
-		fflush(lg->metrics);
+		metrics_flush(lg);
 	}
 	return NG_OK;
 }
 
-/* Checkpoint after `step` steps (everything collected first; rank 0 writes). */
+/* Checkpoint after `step` steps (everything collected first; rank 0 writes). The loader
+ * position saved is `pos`, or (NULL) where the loader is: the start of step + 1. */
 static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backend *be,
-				 struct feed *f, struct logger *lg, long long step)
+				 struct feed *f, struct logger *lg, long long step,
+				 const struct ng_loader_pos *pos)
 {
 	enum ng_status st = drain(be, lg, true, o->log_every);
 	if (st)
@@ -282,7 +318,10 @@ static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backen
 	s.world = f->world;
 	s.has_pos = !f->synthetic;
 	s.muon = ng_train_is_muon(o);
-	if (s.has_pos)
+	s.shuffle = f->synthetic ? -1 : !o->no_shuffle;
+	if (s.has_pos && pos)
+		s.pos = *pos;
+	else if (s.has_pos)
 		ng_loader_tell(&f->train, &s.pos);
 	if (!st)
 		st = ng_ckpt_save(o->out_dir, &s, p32);
@@ -317,6 +356,14 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 			s.cfg.T, s.cfg.V, s.K, s.B, s.T, (unsigned long long)s.seed,
 			s.has_pos ? "shard" : "synthetic");
 		ng_hint("resume with the same model, batch, --seed and data flags as that run");
+		ng_ckpt_state_free(&s);
+		return NG_ERR_INPUT;
+	}
+	if (s.has_pos && s.shuffle >= 0 && s.shuffle != !o->no_shuffle) {
+		ng_fail(NG_ERR_INPUT, "--resume: %s was written by a run %s --no-shuffle, this one "
+			"is %s it", path, s.shuffle ? "without" : "with", s.shuffle ? "with" : "without");
+		ng_hint("resume with the same data flags as that run: the order of the training "
+			"windows depends on --no-shuffle");
 		ng_ckpt_state_free(&s);
 		return NG_ERR_INPUT;
 	}
@@ -385,10 +432,123 @@ static enum ng_status init_from(const struct ng_train_opts *o, struct ng_backend
 	return st;
 }
 
+/* Before step 1: the checkpoint directory. With checkpoints planned (--ckpt-every,
+ * --stop-after, --resume) it is made and a file is created in it, so a bad --out fails now
+ * rather than after the steps before the first checkpoint. Otherwise only a signal would write
+ * one: nothing is created, and a directory that could not take it is named in a note. */
+static enum ng_status check_out_dir(const struct ng_train_opts *o, struct logger *lg)
+{
+	if (o->rank != 0 && o->world > 1)
+		return NG_OK;
+	if (o->ckpt_every > 0 || o->stop_after > 0 || o->resume)
+		return ng_ckpt_check_dir(o->out_dir);
+	struct stat sb;
+	char parent[4096];
+	snprintf(parent, sizeof(parent), "%s", o->out_dir);
+	char *slash = strrchr(parent, '/');
+	if (slash && slash != parent)
+		*slash = '\0';
+	else
+		snprintf(parent, sizeof(parent), "%s", slash ? "/" : ".");
+	bool ok = stat(o->out_dir, &sb) == 0 ? S_ISDIR(sb.st_mode) && access(o->out_dir, W_OK | X_OK)
+					    == 0 : access(parent, W_OK | X_OK) == 0;
+	if (!ok)
+		fprintf(lg->out, "note: --out %s is not a writable directory: a checkpoint on "
+			"SIGINT/SIGTERM would fail\n", o->out_dir);
+	return NG_OK;
+}
+
+/* A fault in the middle of the run (a bad token in a later shard, a failed metrics write):
+ * before failing, keep the `done` steps completed since the last checkpoint, with the loader
+ * at `pos` (where step done + 1 starts). One process only (the ranks of a data-parallel run
+ * would have to agree on it). The fault stays the error reported. */
+static enum ng_status keep_work(const struct ng_train_opts *o, struct ng_backend *be,
+				struct feed *f, struct logger *lg, long long start, long long done,
+				const struct ng_loader_pos *pos, enum ng_status fault)
+{
+	if (f->world > 1 || done <= start || (o->ckpt_every > 0 && done % o->ckpt_every == 0))
+		return fault;
+	char msg[1024], hint[512];
+	snprintf(msg, sizeof(msg), "%s", ng_error_message());
+	snprintf(hint, sizeof(hint), "%s", ng_error_hint());
+	ng_clear_error();
+	if (checkpoint(o, be, f, lg, done, pos))
+		fprintf(lg->out, "checkpoint after the error failed too: %s\n", ng_error_message());
+	else
+		fprintf(lg->out, "the %lld completed steps are kept: continue with --resume once "
+			"the problem below is fixed\n", done);
+	ng_clear_error();
+	ng_fail(fault, "%s", msg);
+	if (hint[0])
+		ng_hint("%s", hint);
+	return fault;
+}
+
+/* --metrics FILE: truncated, or with --resume appended to. Opened without blocking: a FIFO
+ * nobody reads is an error, not a hang (one with a reader, or a pipe, works). A line that an
+ * earlier run could not finish (a full disk, a kill) is cut off before appending, so the file
+ * stays whole JSON lines. */
+static enum ng_status metrics_open(struct logger *lg, const char *path, bool append)
+{
+	lg->metrics_path = path;
+	int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOCTTY |
+			    (append ? O_APPEND : O_TRUNC), 0644);
+	if (fd < 0) {
+		ng_fail(NG_ERR_INPUT, "cannot write --metrics %s: %s", path, strerror(errno));
+		if (errno == ENXIO)
+			ng_hint("it is a FIFO with no reader: start the reader first");
+		return NG_ERR_INPUT;
+	}
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0)
+		fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	struct stat sb;
+	if (append && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0) {
+		char tail[4096];
+		off_t end = sb.st_size, keep = 0;
+		for (off_t at = end; at > 0 && !keep;) {
+			size_t n = at < (off_t)sizeof(tail) ? (size_t)at : sizeof(tail);
+			at -= (off_t)n;
+			if (pread(fd, tail, n, at) != (ssize_t)n) {
+				keep = end; /* unreadable: leave the file as it is */
+				break;
+			}
+			for (size_t i = n; i > 0 && !keep; i--)
+				if (tail[i - 1] == '\n')
+					keep = at + (off_t)i;
+			if (at == 0 && !keep)
+				keep = -1; /* no newline at all: nothing whole */
+		}
+		if (keep != end && ftruncate(fd, keep > 0 ? keep : 0) != 0) {
+			int e = errno;
+			close(fd);
+			return ng_fail(NG_ERR_RUNTIME, "cannot write --metrics %s: %s", path,
+				       strerror(e));
+		}
+	}
+	lg->metrics = fdopen(fd, append ? "a" : "w");
+	if (!lg->metrics) {
+		int e = errno;
+		close(fd);
+		return ng_fail(NG_ERR_RUNTIME, "cannot write --metrics %s: %s", path, strerror(e));
+	}
+	return NG_OK;
+}
+
+static enum ng_status metrics_error(const struct logger *lg, long long step)
+{
+	ng_fail(NG_ERR_RUNTIME, "cannot write --metrics %s: %s (at step %lld)", lg->metrics_path,
+		strerror(lg->metrics_errno), step);
+	ng_hint("free space on its filesystem (or give another --metrics FILE) and continue with "
+		"--resume");
+	return NG_ERR_RUNTIME;
+}
+
 enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be)
 {
 	const struct ng_shape *s = &o->shape;
 	struct feed f;
+	bool feed_opened = false;
 	struct logger lg = { 0 };
 	/* rank 0 logs and writes the metrics (already the mean over ranks); the others are quiet */
 	lg.out = o->world > 1 && o->rank != 0 ? fopen("/dev/null", "w") : stderr;
@@ -404,21 +564,21 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
 	lg.first_loss = NAN;
-	enum ng_status st = feed_open(&f, o);
-	if (!st && o->init_path && !o->resume)
+	enum ng_status st = check_out_dir(o, &lg);
+	if (!st && o->metrics_path && (o->world <= 1 || o->rank == 0))
+		st = metrics_open(&lg, o->metrics_path, o->resume);
+	if (st)
+		goto out;
+	st = feed_open(&f, o);
+	if (st)
+		goto out;
+	feed_opened = true;
+	if (o->init_path && !o->resume)
 		st = init_from(o, be, &lg);
 	if (!st && o->resume)
 		st = resume(o, be, &f, &lg, &start);
 	if (st)
 		goto out;
-	if (o->metrics_path && f.rank == 0) {
-		lg.metrics = fopen(o->metrics_path, o->resume ? "a" : "w");
-		if (!lg.metrics) {
-			st = ng_fail(NG_ERR_INPUT, "cannot write --metrics %s: %s", o->metrics_path,
-				     strerror(errno));
-			goto out;
-		}
-	}
 	lg.tokens_per_step = (double)s->K * s->B * s->T * f.world;
 	lg.flops_per_token = ng_gpt_flops_per_token(&s->model, s->T);
 	lg.peak = be->peak_flops;
@@ -442,19 +602,31 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 			be->request_stop(be->ctx);
 			stop_flagged = true;
 		}
+		struct ng_loader_pos step_pos; /* where this step's data starts */
+		if (!f.synthetic)
+			ng_loader_tell(&f.train, &step_pos);
 		st = be->input_buffer(be->ctx, &buf);
 		if (!st)
 			st = feed_step(&f, s, step, buf);
+		if (st && !f.synthetic) { /* the data failed (a bad later shard): keep the steps */
+			st = keep_work(o, be, &f, &lg, start, step, &step_pos, st);
+			goto out;
+		}
 		if (!st)
 			st = be->submit(be->ctx);
 		if (!st)
 			st = drain(be, &lg, false, o->log_every);
 		if (st)
 			goto out;
+		if (lg.metrics_errno) {
+			st = keep_work(o, be, &f, &lg, start, step + 1, NULL,
+				       metrics_error(&lg, step + 1));
+			goto out;
+		}
 		bool by_signal = be->request_stop ? lg.stop_at == step + 1 : stop_requested;
 		bool stop = by_signal || (o->stop_after > 0 && step + 1 == o->stop_after);
 		if (stop || (o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0)) {
-			st = checkpoint(o, be, &f, &lg, step + 1);
+			st = checkpoint(o, be, &f, &lg, step + 1, NULL);
 			if (st)
 				goto out;
 		}
@@ -476,9 +648,11 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	 * (every rank has the same stop_at once all steps are collected) */
 	bool written = o->ckpt_every > 0 && o->steps % o->ckpt_every == 0;
 	if (!st && start < o->steps && !written && (o->ckpt_every > 0 || lg.stop_at))
-		st = checkpoint(o, be, &f, &lg, o->steps);
+		st = checkpoint(o, be, &f, &lg, o->steps, NULL);
 	if (!st)
 		st = validate(be, &f, &lg, o->steps);
+	if (!st && lg.metrics_errno)
+		st = metrics_error(&lg, o->steps);
 	if (st)
 		goto out;
 	double wall = now_s() - lg.t_start;
@@ -492,11 +666,17 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 out:
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
-	if (lg.metrics)
-		fclose(lg.metrics);
+	if (lg.metrics) {
+		errno = 0;
+		/* the last lines reach the file here: a full disk shows now, and it is an error */
+		if (fclose(lg.metrics) != 0 && !st) {
+			lg.metrics_errno = errno ? errno : EIO;
+			st = metrics_error(&lg, o->steps);
+		}
+	}
 	if (lg.out != stderr)
 		fclose(lg.out);
-	if (f.synthetic || f.val)
+	if (feed_opened)
 		feed_close(&f);
 	return st;
 }

@@ -3,18 +3,26 @@
  * bit-exactly with the HF GPT-2 names and Conv1D transposes; corrupt, truncated and wrong-shape
  * files are refused with a clear error; and on the CPU reference, a --deterministic run stopped
  * at N/2 and resumed ends in the same bytes (params, moments, step, loader position) and the
- * same losses as the run uninterrupted; a writer killed mid-write leaves a loadable checkpoint;
- * `eval` equals the reference loss. Fresh random values every run (seed printed).
+ * same losses as the run uninterrupted; a writer killed mid-write leaves a loadable checkpoint,
+ * and so does one whose write fails (a file-size limit, a full tmpfs); an edited header,
+ * metadata or state invariant is refused, files without our checksum (Hugging Face's) still
+ * load; `eval` equals the reference loss. Fresh random values every run (seed printed).
  */
 #define _XOPEN_SOURCE 700
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <glob.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -86,6 +94,61 @@ static void write_file(const char *path, const void *b, size_t n)
 	fclose(f);
 }
 
+/* Rename the checksum entry in place ("checksum" -> "checksuX"): a file as another writer
+ * (Hugging Face) would write it, without our checksum. */
+static void strip_checksum(unsigned char *b, uint64_t hl)
+{
+	char *h = strndup((char *)b + 8, hl), *at = strstr(h, "\"checksum\":");
+	cr_assert(at, "no checksum entry");
+	b[8 + (at - h) + 8] = 'X';
+	free(h);
+}
+
+/* What an edit does to a file: keep its checksum as it was, stamp a checksum that matches the
+ * edited file (as nanograph would write it: what is then tested is the check behind the
+ * checksum), or none at all. */
+enum stamp { KEEP, STAMP, NONE };
+
+/* Parse the header of file b (n bytes), apply edit, and write the re-serialised file (header
+ * padded with spaces to 8 bytes, the same data) to path. */
+static void rewrite(const unsigned char *b, size_t n, const char *path,
+		    void (*edit)(json_t *root, void *ctx), void *ctx, enum stamp stamp)
+{
+	uint64_t hl = header_len(b);
+	json_error_t e;
+	json_t *root = json_loadb((const char *)b + 8, hl, 0, &e);
+	cr_assert(root, "%s", e.text);
+	edit(root, ctx);
+	json_t *meta = json_object_get(root, "__metadata__");
+	if (stamp != KEEP && meta) {
+		json_object_del(meta, "checksum");
+		if (stamp == STAMP) /* last, as the writer puts it */
+			json_object_set_new(meta, "checksum",
+					    json_string(NG_CKPT_CHECKSUM_PREFIX "0000000000000000"));
+	}
+	char *js = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(root);
+	size_t len = strlen(js), padded = (len + 7) / 8 * 8, data = n - 8 - hl;
+	unsigned char *o = malloc(8 + padded + data);
+	for (int i = 0; i < 8; i++)
+		o[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+	memcpy(o + 8, js, len);
+	memset(o + 8 + len, ' ', padded - len);
+	memcpy(o + 8 + padded, b + 8 + hl, data);
+	if (stamp == STAMP) {
+		char *d = strstr((char *)o + 8, "\"checksum\":\"" NG_CKPT_CHECKSUM_PREFIX);
+		cr_assert(d);
+		d += strlen("\"checksum\":\"" NG_CKPT_CHECKSUM_PREFIX);
+		char hex[24];
+		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)ng_ckpt_fnv1a_(
+			 NG_CKPT_FNV_INIT, o, 8 + padded + data));
+		memcpy(d, hex, 16);
+	}
+	write_file(path, o, 8 + padded + data);
+	free(o);
+	free(js);
+}
+
 Test(checkpoint, model_round_trip_bit_exact)
 {
 	uint64_t seed = seed_now();
@@ -153,11 +216,15 @@ Test(checkpoint, state_round_trip_bit_exact)
 		s.B = 3;
 		s.T = 16;
 		s.K = 2;
-		s.step = (long long)ng_rng_below(&r, 100000);
+		s.step = 3 + (long long)ng_rng_below(&r, 100000);
 		s.n_skipped = 3;
 		s.seed = ng_rng_u64(&r);
 		s.has_pos = true;
-		s.pos = (struct ng_loader_pos){ s.seed, 1234, 5, 77 };
+		s.shuffle = 1;
+		/* where step steps of K = 2 batches lead: 1234 windows / B = 3 is 411 batches an
+		 * epoch (the reader checks it) */
+		s.pos = (struct ng_loader_pos){ s.seed, 1234, (uint64_t)(2 * s.step / 411),
+						(uint64_t)(2 * s.step % 411) };
 		void *buf[3] = { s.params, s.m, s.v };
 		for (int k = 0; k < 3; k++)
 			for (size_t i = 0; i < lay.total; i++) {
@@ -179,7 +246,8 @@ Test(checkpoint, state_round_trip_bit_exact)
 		cr_assert_eq(ng_ckpt_read_state(path, &t), NG_OK, "%s", ng_error_message());
 		cr_assert(t.step == s.step && t.n_skipped == 3 && t.seed == s.seed && t.B == 3 &&
 			  t.T == 16 && t.K == 2 && t.has_pos && t.pos.windows == 1234 &&
-			  t.pos.epoch == 5 && t.pos.batch == 77 && t.pos.seed == s.seed &&
+			  t.pos.epoch == s.pos.epoch && t.pos.batch == s.pos.batch &&
+			  t.pos.seed == s.seed && t.shuffle == 1 &&
 			  t.elem_size == elem && t.cfg.V == cfg.V && t.cfg.L == cfg.L,
 			  "metadata differs (seed %llu)", (unsigned long long)seed);
 		cr_assert(memcmp(t.params, s.params, lay.total * elem) == 0 &&
@@ -200,7 +268,8 @@ Test(checkpoint, state_round_trip_bit_exact)
 static void expect_refused(const char *path, const void *bytes, size_t n, const char *want,
 			   const char *what)
 {
-	write_file(path, bytes, n);
+	if (bytes) /* NULL: the damaged file is already there */
+		write_file(path, bytes, n);
 	ng_clear_error();
 	struct ng_gpt_config cfg;
 	float *p = NULL;
@@ -242,8 +311,10 @@ Test(checkpoint, corrupt_truncated_wrong_shape_refused)
 	memcpy(c, b, n);
 	c[8] = '#';
 	expect_refused(bad, c, n, "JSON header", "broken JSON");
-	/* c_attn.weight stored (3C, C) instead of Conv1D (C, 3C): same bytes, wrong shape */
+	/* c_attn.weight stored (3C, C) instead of Conv1D (C, 3C): same bytes, wrong shape (in a
+	 * file without our checksum, which would refuse any edit first) */
 	memcpy(c, b, n);
+	strip_checksum(c, hl);
 	char from[64], to[64];
 	snprintf(from, sizeof(from), "\"shape\":[%d,%d]", cfg.C, 3 * cfg.C);
 	snprintf(to, sizeof(to), "\"shape\":[%d,%d]", 3 * cfg.C, cfg.C);
@@ -263,6 +334,220 @@ Test(checkpoint, corrupt_truncated_wrong_shape_refused)
 	free(c);
 	free(b);
 	free(p);
+}
+
+/* ---- edits of a file's header (rewrite's callbacks) ---- */
+
+struct meta_edit {
+	const char *key, *value; /* set __metadata__[key] = value (NULL: remove it) */
+};
+
+static void edit_meta(json_t *root, void *ctx)
+{
+	const struct meta_edit *m = ctx;
+	json_t *meta = json_object_get(root, "__metadata__");
+	if (m->value)
+		json_object_set_new(meta, m->key, json_string(m->value));
+	else
+		json_object_del(meta, m->key);
+}
+
+/* Swap the data_offsets of the two tensors named in ctx[0], ctx[1]. */
+static void edit_swap(json_t *root, void *ctx)
+{
+	const char **names = ctx;
+	json_t *a = json_object_get(root, names[0]), *b = json_object_get(root, names[1]);
+	cr_assert(a && b);
+	json_t *oa = json_incref(json_object_get(a, "data_offsets"));
+	json_object_set(a, "data_offsets", json_object_get(b, "data_offsets"));
+	json_object_set_new(b, "data_offsets", oa);
+}
+
+/* Give tensor fp8_state the shape [2^62 + 4]: 2^64 + 16 bytes, wrapping to 16 in size_t. */
+static void edit_fp8_shape(json_t *root, void *ctx)
+{
+	(void)ctx;
+	json_t *t = json_object_get(root, "fp8_state");
+	cr_assert(t);
+	json_t *shape = json_array();
+	json_array_append_new(shape, json_integer((json_int_t)((1ull << 62) + 4)));
+	json_object_set_new(t, "shape", shape);
+}
+
+static void edit_nothing(json_t *root, void *ctx) { (void)root, (void)ctx; }
+
+static void expect_state_refused(const char *path, const char *want, const char *what)
+{
+	struct ng_train_state t;
+	ng_clear_error();
+	enum ng_status st = ng_ckpt_read_state(path, &t);
+	cr_assert_eq(st, NG_ERR_INPUT, "%s: accepted (status %d)", what, st);
+	cr_assert(strstr(ng_error_message(), want) && strstr(ng_error_message(), path),
+		  "%s: message '%s' lacks '%s' or the path", what, ng_error_message(), want);
+	cr_assert_null(t.params);
+}
+
+/* Our model files verify their header as well as their data: swapped data_offsets or an edited
+ * n_layer / n_head load a different model, and are refused; a file without our checksum (as
+ * Hugging Face writes them) still loads, its metadata checked against its tensors; metadata
+ * that overflows is an error, not "absent". */
+Test(checkpoint, model_header_edits_refused)
+{
+	uint64_t seed = seed_now();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	make_tmpdir();
+	struct ng_gpt_config cfg = small_cfg(&r), got;
+	struct ng_gpt_layout lay;
+	float *p = random_params(&cfg, &lay, &r), *q;
+	char path[512], bad[512];
+	snprintf(path, sizeof(path), "%s/m.safetensors", ng_test_dir);
+	snprintf(bad, sizeof(bad), "%s/bad.safetensors", ng_test_dir);
+	cr_assert_eq(ng_ckpt_write_model(path, &cfg, p), NG_OK);
+	size_t n;
+	unsigned char *b = read_file(path, &n);
+
+	/* the same header re-serialised (keys in the same order) is the same file: it loads */
+	rewrite(b, n, bad, edit_nothing, NULL, KEEP);
+	cr_assert_eq(ng_ckpt_read_model(bad, &got, &q), NG_OK, "%s", ng_error_message());
+	free(q);
+	/* two same-shaped tensors' data swapped by their offsets */
+	const char *pair[2] = { "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias" };
+	rewrite(b, n, bad, edit_swap, pair, KEEP);
+	expect_refused(bad, NULL, 0, "checksum mismatch", "swapped data_offsets");
+	/* n_layer / n_head edited, the checksum left as it was */
+	char more[16];
+	snprintf(more, sizeof(more), "%d", cfg.L + 1);
+	struct meta_edit e1 = { "n_layer", more }, e2 = { "n_head", "1" };
+	rewrite(b, n, bad, edit_meta, &e1, KEEP);
+	expect_refused(bad, NULL, 0, "checksum mismatch", "n_layer edited");
+	rewrite(b, n, bad, edit_meta, &e2, KEEP);
+	expect_refused(bad, NULL, 0, "checksum mismatch", "n_head edited");
+	/* ... and with a matching checksum: the metadata must agree with the tensors */
+	rewrite(b, n, bad, edit_meta, &e1, STAMP);
+	expect_refused(bad, NULL, 0, "n_layer", "n_layer edited, restamped");
+	struct meta_edit e3 = { "n_head", "99999999999999999999" };
+	rewrite(b, n, bad, edit_meta, &e3, STAMP);
+	expect_refused(bad, NULL, 0, "is not an integer in [1, 1024]", "n_head overflowing");
+	/* the checksum itself malformed */
+	struct meta_edit e4 = { "checksum", "header+data:xyz" };
+	rewrite(b, n, bad, edit_meta, &e4, KEEP);
+	expect_refused(bad, NULL, 0, "checksum", "malformed checksum");
+
+	/* no checksum (another writer's file): loads, and equals the original */
+	rewrite(b, n, bad, edit_nothing, NULL, NONE);
+	cr_assert_eq(ng_ckpt_read_model(bad, &got, &q), NG_OK, "%s", ng_error_message());
+	cr_assert(got.L == cfg.L && got.H == cfg.H && memcmp(p, q, lay.total * 4) == 0);
+	free(q);
+	/* ... but its metadata is still checked against its tensors */
+	rewrite(b, n, bad, edit_meta, &e1, NONE);
+	expect_refused(bad, NULL, 0, "metadata n_layer", "foreign file, n_layer wrong");
+	rewrite(b, n, bad, edit_meta, &e3, NONE);
+	expect_refused(bad, NULL, 0, "n_head", "foreign file, n_head overflowing");
+	struct meta_edit e5 = { "vocab_size", "50257" };
+	rewrite(b, n, bad, edit_meta, &e5, NONE);
+	expect_refused(bad, NULL, 0, "vocab_size", "foreign file, vocab_size wrong");
+
+	/* files of earlier versions: a checksum of the data section only, still read */
+	char legacy[24];
+	snprintf(legacy, sizeof(legacy), "%016llx", (unsigned long long)ng_ckpt_checksum(
+		 b + 8 + header_len(b), n - 8 - header_len(b)));
+	struct meta_edit e6 = { "checksum", legacy };
+	rewrite(b, n, bad, edit_meta, &e6, KEEP);
+	cr_assert_eq(ng_ckpt_read_model(bad, &got, &q), NG_OK, "%s", ng_error_message());
+	free(q);
+	free(b);
+	free(p);
+}
+
+/* A state file is refused when its header was edited (step, n_skipped, the loader position),
+ * when it breaks a run's invariants even with a matching checksum (n_skipped > step would give
+ * AdamW a negative step count; a position that step does not lead to), when a shape's byte
+ * count overflows, and when it carries no checksum. */
+Test(checkpoint, state_edits_and_broken_invariants_refused)
+{
+	uint64_t seed = seed_now();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	make_tmpdir();
+	struct ng_gpt_config cfg = small_cfg(&r);
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(&cfg, &lay);
+	struct ng_train_state s = { 0 }, t;
+	cr_assert_eq(ng_ckpt_state_alloc(&s, 8, lay.total), NG_OK);
+	s.cfg = cfg;
+	s.B = 3;
+	s.T = 16;
+	s.K = 2;
+	s.step = 3;
+	s.n_skipped = 1;
+	s.seed = 77;
+	s.world = 1;
+	s.shuffle = 1;
+	s.has_pos = true;
+	s.pos = (struct ng_loader_pos){ 77, 1234, 0, 6 }; /* 3 steps x 2 batches */
+	s.n_fp8 = 4;
+	s.fp8 = calloc(4, sizeof(float));
+	char path[512], bad[512];
+	snprintf(path, sizeof(path), "%s/state.safetensors", ng_test_dir);
+	snprintf(bad, sizeof(bad), "%s/bad.safetensors", ng_test_dir);
+	cr_assert_eq(ng_ckpt_write_state(path, &s), NG_OK, "%s", ng_error_message());
+	ng_ckpt_state_free(&s);
+	cr_assert_eq(ng_ckpt_read_state(path, &t), NG_OK, "%s", ng_error_message());
+	ng_ckpt_state_free(&t);
+	size_t n;
+	unsigned char *b = read_file(path, &n);
+
+	struct meta_edit step = { "step", "4" }, skipped = { "n_skipped", "9" },
+			 epoch = { "pos_epoch", "1" }, neg = { "step", "-1" },
+			 big = { "n_skipped", "99999999999999999999" };
+	rewrite(b, n, bad, edit_meta, &step, KEEP);
+	expect_state_refused(bad, "checksum mismatch", "step edited");
+	rewrite(b, n, bad, edit_meta, &skipped, KEEP);
+	expect_state_refused(bad, "checksum mismatch", "n_skipped edited");
+	rewrite(b, n, bad, edit_meta, &epoch, KEEP);
+	expect_state_refused(bad, "checksum mismatch", "pos_epoch edited");
+	/* restamped: the invariants */
+	rewrite(b, n, bad, edit_meta, &skipped, STAMP);
+	expect_state_refused(bad, "n_skipped 9 exceeds step 3", "n_skipped > step");
+	rewrite(b, n, bad, edit_meta, &epoch, STAMP);
+	expect_state_refused(bad, "loader position", "pos_epoch moved");
+	rewrite(b, n, bad, edit_meta, &step, STAMP);
+	expect_state_refused(bad, "loader position", "step moved alone");
+	rewrite(b, n, bad, edit_meta, &neg, STAMP);
+	expect_state_refused(bad, "metadata step = \"-1\" is not an integer", "negative step");
+	rewrite(b, n, bad, edit_meta, &big, STAMP);
+	expect_state_refused(bad, "metadata n_skipped", "overflowing n_skipped");
+	/* fp8_state claiming 2^62 + 4 floats over its 16 bytes */
+	rewrite(b, n, bad, edit_fp8_shape, NULL, STAMP);
+	expect_state_refused(bad, "fp8_state: its shape needs more than 2^64 bytes", "fp8 shape");
+	/* no checksum at all */
+	rewrite(b, n, bad, edit_nothing, NULL, NONE);
+	expect_state_refused(bad, "no checksum", "checksum removed");
+	free(b);
+}
+
+/* `latest` is digits and a newline: garbage, an overflowing number or a FIFO are refused. */
+Test(checkpoint, latest_must_be_a_step_number, .timeout = 20)
+{
+	make_tmpdir();
+	char p[512];
+	snprintf(p, sizeof(p), "%s/latest", ng_test_dir);
+	const char *bad[] = { "", "x\n", "12x\n", "-3\n", "99999999999999999999\n", "5\n6\n" };
+	long long step;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		write_file(p, bad[i], strlen(bad[i]));
+		ng_clear_error();
+		cr_assert_eq(ng_ckpt_latest(ng_test_dir, &step), NG_ERR_INPUT, "'%s' accepted", bad[i]);
+	}
+	write_file(p, "42\n", 3);
+	cr_assert_eq(ng_ckpt_latest(ng_test_dir, &step), NG_OK);
+	cr_assert_eq(step, 42);
+	unlink(p);
+	cr_assert_eq(mkfifo(p, 0644), 0);
+	ng_clear_error();
+	cr_assert_eq(ng_ckpt_latest(ng_test_dir, &step), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "a FIFO"), "%s", ng_error_message());
 }
 
 static enum ng_status train(const char *out, const char *extra1, const char *extra2,
@@ -420,6 +705,100 @@ Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
 	}
 	ng_ckpt_state_free(&s);
 	free(p);
+}
+
+/* Write checkpoint 1 into dir, then in a child limited to `fsize` bytes a file (RLIMIT_FSIZE;
+ * 0: no limit) checkpoint 2, which must fail with exit status 1 and a message containing
+ * `want`; checkpoint 1 must still be `latest` and load, with no temporary left beside it. */
+static void second_checkpoint_fails(const char *dir, rlim_t fsize, const char *want)
+{
+	struct ng_rng r;
+	ng_rng_seed(&r, seed_now());
+	struct ng_gpt_config cfg = { 2, 2, 64, 32, 400, 0 }; /* a checkpoint of about 2.1 MB */
+	cr_assert_eq(ng_gpt_check(&cfg), NG_OK);
+	struct ng_gpt_layout lay;
+	float *p = random_params(&cfg, &lay, &r);
+	struct ng_train_state s = { 0 };
+	cr_assert_eq(ng_ckpt_state_alloc(&s, 4, lay.total), NG_OK);
+	s.cfg = cfg;
+	s.B = 1;
+	s.T = 8;
+	s.K = 1;
+	s.step = 1;
+	s.shuffle = -1;
+	memcpy(s.params, p, lay.total * sizeof(float));
+	cr_assert_eq(ng_ckpt_save(dir, &s, p), NG_OK, "%s", ng_error_message());
+	int fds[2];
+	cr_assert_eq(pipe(fds), 0);
+	pid_t child = fork();
+	cr_assert(child >= 0);
+	if (child == 0) {
+		signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG instead */
+		struct rlimit rl = { fsize, fsize };
+		if (fsize && setrlimit(RLIMIT_FSIZE, &rl) != 0)
+			_exit(9);
+		s.step = 2;
+		((float *)s.params)[0] += 1;
+		enum ng_status st = ng_ckpt_save(dir, &s, p);
+		const char *m = ng_error_message();
+		if (write(fds[1], m, strlen(m)) < 0)
+			_exit(8);
+		_exit((int)st);
+	}
+	close(fds[1]);
+	char msg[1100] = "";
+	ssize_t got = read(fds[0], msg, sizeof(msg) - 1);
+	msg[got > 0 ? got : 0] = '\0';
+	close(fds[0]);
+	int status;
+	waitpid(child, &status, 0);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == NG_ERR_RUNTIME,
+		  "checkpoint 2 did not fail with status 1 (wait status %d): %s", status, msg);
+	cr_assert(strstr(msg, want), "message '%s' lacks '%s'", msg, want);
+	long long step;
+	cr_assert_eq(ng_ckpt_latest(dir, &step), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(step, 1);
+	char path[600];
+	struct ng_train_state t;
+	ng_ckpt_path(path, sizeof(path), dir, "state", 1);
+	cr_assert_eq(ng_ckpt_read_state(path, &t), NG_OK, "%s", ng_error_message());
+	cr_assert(memcmp(t.params, p, lay.total * sizeof(float)) == 0);
+	ng_ckpt_state_free(&t);
+	struct ng_gpt_config c;
+	float *q;
+	ng_ckpt_path(path, sizeof(path), dir, "model", 1);
+	cr_assert_eq(ng_ckpt_read_model(path, &c, &q), NG_OK, "%s", ng_error_message());
+	free(q);
+	glob_t g;
+	snprintf(path, sizeof(path), "%s/*tmp*", dir);
+	cr_assert_eq(glob(path, GLOB_PERIOD, NULL, &g), GLOB_NOMATCH, "left %s",
+		     g.gl_pathc ? g.gl_pathv[0] : "");
+	ng_ckpt_state_free(&s);
+	free(p);
+}
+
+/* A file-size limit hit in the middle of a checkpoint (the write fails as on a full disk)
+ * leaves the previous checkpoint `latest`, loadable, and no temporary file. */
+Test(checkpoint, write_failure_keeps_the_previous_checkpoint)
+{
+	make_tmpdir();
+	second_checkpoint_fails(ng_test_dir, 64 << 10, "File too large");
+}
+
+/* The same on a filesystem that really fills up: a 3 MB tmpfs takes one checkpoint of this
+ * model (about 2 MB), not two (needs root to mount; skipped otherwise). */
+Test(checkpoint, disk_full_keeps_the_previous_checkpoint)
+{
+	make_tmpdir();
+	char mnt[300];
+	snprintf(mnt, sizeof(mnt), "%s/small", ng_test_dir);
+	cr_assert_eq(mkdir(mnt, 0755), 0);
+	/* in a mount namespace of this test's process: the tmpfs goes with it, whatever happens */
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+	    mount("tmpfs", mnt, "tmpfs", 0, "size=3m") != 0)
+		cr_skip_test("cannot mount a tmpfs here (%s): needs root", strerror(errno));
+	second_checkpoint_fails(mnt, 0, "No space left on device");
+	umount2(mnt, MNT_DETACH);
 }
 
 /* `nanograph eval --device cpu` on a model file and a shard = the CPU reference's mean loss over

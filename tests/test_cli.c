@@ -1,7 +1,8 @@
 /*
- * tests/test_cli.c — the command-line contract of docs/DESIGN.md: bad usage is one line and exit
- * 2, --help and --version work, impossible models are refused with the reason, no GPU means exit
- * 1 with a hint, and `train --device cpu --model tiny` cuts the loss by >= 30% in 200 steps.
+ * tests/test_cli.c — the command-line contract of docs/DESIGN.md: bad usage is one line and exit 2,
+ * --help and --version work, impossible models are refused with the reason, no GPU means exit 1
+ * with a hint (train and eval), control bytes quoted in an error are escaped, and
+ * `train --device cpu --model tiny` cuts the loss by >= 30% in 200 steps.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -98,6 +99,32 @@ Test(cli, no_gpu_means_exit_1_with_a_hint)
 	cr_expect_eq(st, NG_ERR_RUNTIME);
 	cr_expect(strstr(ng_error_message(), "no CUDA device") != NULL, "%s", ng_error_message());
 	cr_expect(strstr(ng_error_hint(), "--device cpu") != NULL, "%s", ng_error_hint());
+}
+
+/* eval on the default device without a GPU: the same line and hint as train (it used to end in
+ * a raw cudaGetDevice error). */
+Test(cli, eval_without_gpu_says_use_device_cpu)
+{
+	if (ng_cuda_device_count() > 0)
+		cr_skip_test("a CUDA device is present");
+	enum ng_status st = run("eval", "--ckpt", "/nonexistent.safetensors", "--val", "x", NULL);
+	cr_expect_eq(st, NG_ERR_RUNTIME);
+	cr_expect(strstr(ng_error_message(), "no CUDA device found") != NULL, "%s",
+		  ng_error_message());
+	cr_expect(strstr(ng_error_hint(), "--device cpu") != NULL, "%s", ng_error_hint());
+}
+
+/* A flag value quoted in an error keeps its control bytes out of the terminal: \xNN, one line. */
+Test(cli, control_bytes_in_errors_are_escaped)
+{
+	enum ng_status st = run("train", "--schedule", "\x1b[2J\x1b]0;x\x07\ncosine", NULL);
+	expect_input_error(st, "'\\x1b[2J\\x1b]0;x\\x07\\x0acosine' is not cosine or linear");
+	for (const char *p = ng_error_message(); *p; p++)
+		cr_expect((unsigned char)*p >= 0x20 && *p != 0x7f, "raw byte 0x%02x",
+			  (unsigned char)*p);
+	st = run("\xe2\x80\xae\xc3\xa9t\xc2\x9b\xff", NULL); /* valid UTF-8 kept, C1 and junk not */
+	cr_expect(strstr(ng_error_message(), "'\xe2\x80\xae\xc3\xa9t\\xc2\\x9b\\xff'") != NULL,
+		  "%s", ng_error_message());
 }
 
 Test(cli, cpu_tiny_cuts_the_loss_by_30_percent, .timeout = 600)

@@ -30,9 +30,28 @@ static void setup_(void)
 	ng_rng_seed(&rng_, seed_);
 }
 
+/* The buffers of one test, freed after it (.fini = release_): the tests allocate freely, and
+ * the sanitizer build's leak check stays quiet. */
+static void *kept_[64];
+static int n_kept_;
+
+static void *keep_(size_t bytes)
+{
+	cr_assert_lt(n_kept_, 64);
+	void *p = malloc(bytes);
+	cr_assert(p);
+	return kept_[n_kept_++] = p;
+}
+
+static void release_(void)
+{
+	while (n_kept_)
+		free(kept_[--n_kept_]);
+}
+
 static double *rnd_(size_t n, double mean, double std)
 {
-	double *x = malloc(n * sizeof(double));
+	double *x = keep_(n * sizeof(double));
 	cr_assert(x);
 	for (size_t i = 0; i < n; i++)
 		x[i] = mean + std * ng_rng_normal(&rng_);
@@ -74,14 +93,14 @@ static double ln_f_(void *p)
 	return dot_(c->out, c->R, (size_t)c->N * c->C);
 }
 
-Test(cpu_ops, layernorm_bwd_fd, .init = setup_)
+Test(cpu_ops, layernorm_bwd_fd, .init = setup_, .fini = release_)
 {
 	int N = 3, C = 13;
 	size_t NC = (size_t)N * C;
-	struct ln_ctx c = { malloc(NC * 8), malloc(N * 8), malloc(N * 8), rnd_(NC, 3.0, 1.5),
+	struct ln_ctx c = { keep_(NC * 8), keep_(N * 8), keep_(N * 8), rnd_(NC, 3.0, 1.5),
 			    rnd_(C, 1.0, 0.3), rnd_(C, 0.0, 0.3), rnd_(NC, 0.0, 1.0), N, C };
 	double *dinp = rnd_(NC, 0, 1), *dw = rnd_(C, 0, 1), *db = rnd_(C, 0, 1);
-	double *dinp0 = malloc(NC * 8), *dw0 = malloc(C * 8), *db0 = malloc(C * 8);
+	double *dinp0 = keep_(NC * 8), *dw0 = keep_(C * 8), *db0 = keep_(C * 8);
 	memcpy(dinp0, dinp, NC * 8);
 	memcpy(dw0, dw, C * 8);
 	memcpy(db0, db, C * 8);
@@ -118,16 +137,16 @@ static double mm_f_(void *p)
 	return dot_(c->out, c->R, (size_t)c->N * c->OC);
 }
 
-Test(cpu_ops, matmul_bwd_fd, .init = setup_)
+Test(cpu_ops, matmul_bwd_fd, .init = setup_, .fini = release_)
 {
 	int N = 5, IC = 7, OC = 6;
-	struct mm_ctx c = { malloc((size_t)N * OC * 8), rnd_((size_t)N * IC, 0, 1),
+	struct mm_ctx c = { keep_((size_t)N * OC * 8), rnd_((size_t)N * IC, 0, 1),
 			    rnd_((size_t)OC * IC, 0, 1), rnd_(OC, 0, 1), rnd_((size_t)N * OC, 0, 1),
 			    N, IC, OC };
 	double *dinp = rnd_((size_t)N * IC, 0, 1), *dw = rnd_((size_t)OC * IC, 0, 1);
 	double *db = rnd_(OC, 0, 1);
-	double *dinp0 = malloc((size_t)N * IC * 8), *dw0 = malloc((size_t)OC * IC * 8);
-	double *db0 = malloc(OC * 8);
+	double *dinp0 = keep_((size_t)N * IC * 8), *dw0 = keep_((size_t)OC * IC * 8);
+	double *db0 = keep_(OC * 8);
 	memcpy(dinp0, dinp, (size_t)N * IC * 8);
 	memcpy(dw0, dw, (size_t)OC * IC * 8);
 	memcpy(db0, db, OC * 8);
@@ -153,11 +172,11 @@ static double gelu_f_(void *p)
 	return dot_(c->out, c->R, c->n);
 }
 
-Test(cpu_ops, gelu_bwd_fd, .init = setup_)
+Test(cpu_ops, gelu_bwd_fd, .init = setup_, .fini = release_)
 {
 	size_t n = 31;
-	struct gelu_ctx c = { malloc(n * 8), rnd_(n, 0, 2.0), rnd_(n, 0, 1), n };
-	double *dinp = malloc(n * 8);
+	struct gelu_ctx c = { keep_(n * 8), rnd_(n, 0, 2.0), rnd_(n, 0, 1), n };
+	double *dinp = keep_(n * 8);
 	ng_ref_gelu_bwd(dinp, c.inp, c.R, n);
 	expect_grad_("gelu dinp", gelu_f_, &c, c.inp, dinp, NULL, n);
 	/* forward at known points (tanh approximation) */
@@ -178,13 +197,13 @@ static double att_f_(void *p)
 	return dot_(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
 
-Test(cpu_ops, attention_bwd_fd, .init = setup_)
+Test(cpu_ops, attention_bwd_fd, .init = setup_, .fini = release_)
 {
 	int B = 2, T = 5, H = 2, D = 3;
 	size_t nqkv = (size_t)B * T * 3 * H * D, nout = (size_t)B * T * H * D;
-	struct att_ctx c = { malloc(nout * 8), malloc((size_t)B * H * T * 8), rnd_(nqkv, 0, 1.0),
+	struct att_ctx c = { keep_(nout * 8), keep_((size_t)B * H * T * 8), rnd_(nqkv, 0, 1.0),
 			     rnd_(nout, 0, 1), B, T, H, D };
-	double *dqkv = rnd_(nqkv, 0, 1), *dqkv0 = malloc(nqkv * 8);
+	double *dqkv = rnd_(nqkv, 0, 1), *dqkv0 = keep_(nqkv * 8);
 	memcpy(dqkv0, dqkv, nqkv * 8);
 	att_f_(&c);
 	ng_ref_attention_bwd(dqkv, c.R, c.qkv, B, T, H, D);
@@ -214,7 +233,7 @@ static double ce_f_(void *p)
 	return ng_ref_crossentropy(NULL, NULL, c->logits, c->tg, c->N, c->V, c->Vp, 0.0);
 }
 
-Test(cpu_ops, crossentropy_bwd_fd, .init = setup_)
+Test(cpu_ops, crossentropy_bwd_fd, .init = setup_, .fini = release_)
 {
 	int N = 4, V = 7, Vp = 10;
 	size_t n = (size_t)N * Vp;
@@ -251,15 +270,15 @@ static double enc_f_(void *p)
 	return dot_(c->out, c->R, (size_t)c->B * c->T * c->C);
 }
 
-Test(cpu_ops, encoder_bwd_fd, .init = setup_)
+Test(cpu_ops, encoder_bwd_fd, .init = setup_, .fini = release_)
 {
 	int B = 2, T = 3, C = 5, Vp = 4, Tmax = 4;
 	int32_t tok[6] = { 1, 3, 1, 0, 1, 2 }; /* token 1 repeats: its gradient must add up */
-	struct enc_ctx c = { malloc((size_t)B * T * C * 8), rnd_((size_t)Vp * C, 0, 1),
+	struct enc_ctx c = { keep_((size_t)B * T * C * 8), rnd_((size_t)Vp * C, 0, 1),
 			     rnd_((size_t)Tmax * C, 0, 1), rnd_((size_t)B * T * C, 0, 1), tok, B, T,
 			     C };
 	double *dwte = rnd_((size_t)Vp * C, 0, 1), *dwpe = rnd_((size_t)Tmax * C, 0, 1);
-	double *dwte0 = malloc((size_t)Vp * C * 8), *dwpe0 = malloc((size_t)Tmax * C * 8);
+	double *dwte0 = keep_((size_t)Vp * C * 8), *dwpe0 = keep_((size_t)Tmax * C * 8);
 	memcpy(dwte0, dwte, (size_t)Vp * C * 8);
 	memcpy(dwpe0, dwpe, (size_t)Tmax * C * 8);
 	enc_f_(&c);

@@ -4,13 +4,17 @@
  * split at --val-tokens and --shard-tokens), for each --split mode and for input large enough to
  * be encoded by several threads; and every bad input gives exit status 2, one line naming the
  * file, and leaves the output directory as it was. Whitespace-only documents are skipped.
+ * SIGINT / SIGTERM while temporary shards exist removes them and writes nothing; a FIFO given
+ * as input is refused without blocking.
  */
 #include <criterion/criterion.h>
 #include <glob.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -269,4 +273,72 @@ Test(prepare, bad_input_leaves_output_alone)
 	snprintf(pat, sizeof(pat), "%s/*tmp*", out);
 	cr_assert_eq(glob(pat, GLOB_PERIOD, NULL, &g), GLOB_NOMATCH, "left %s",
 		     g.gl_pathc ? g.gl_pathv[0] : "");
+}
+
+/* Files in dir matching pattern. */
+static size_t count_files(const char *pattern)
+{
+	glob_t g;
+	if (glob(pattern, GLOB_PERIOD, NULL, &g) != 0)
+		return 0;
+	size_t n = g.gl_pathc;
+	globfree(&g);
+	return n;
+}
+
+/* prepare in a child, signalled the moment its first temporary shard appears: the child dies of
+ * the signal, no temporary is left, and no shard was renamed into place (or, had the signal come
+ * after the renames, all were). For SIGINT and SIGTERM, a few times each. */
+Test(prepare, signal_removes_the_temporary_shards, .timeout = 120)
+{
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t cap = 1u << 20, n = 0;
+	char *text = malloc(cap + 64);
+	while (n < cap)
+		n += (size_t)sprintf(text + n, "word%u and more ", (unsigned)ng_rng_below(&r, 5000));
+	char in[128];
+	snprintf(in, sizeof(in), "%s/in.txt", dir);
+	write_text(in, text, n);
+	free(text);
+	for (int round = 0; round < 6; round++) {
+		int sig = round % 2 ? SIGTERM : SIGINT;
+		char out[160], tmps[200], shards[200];
+		snprintf(out, sizeof(out), "%s/out%d", dir, round);
+		snprintf(tmps, sizeof(tmps), "%s/*.tmp-*", out);
+		snprintf(shards, sizeof(shards), "%s/train_*.bin", out);
+		pid_t child = fork();
+		cr_assert(child >= 0);
+		if (child == 0) {
+			const char *args[] = { "prepare", "--vocab", vocab, "--out", out,
+					       "--shard-tokens", "2000", in, NULL };
+			_exit((int)run(args));
+		}
+		time_t t0 = time(NULL);
+		while (count_files(tmps) == 0 && time(NULL) - t0 < 60 &&
+		       waitpid(child, NULL, WNOHANG) == 0)
+			usleep(200);
+		cr_assert_gt(count_files(tmps), 0, "round %d: no temporary shard appeared", round);
+		kill(child, sig);
+		int status;
+		waitpid(child, &status, 0);
+		cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == sig,
+			  "round %d: the child did not end by signal %d (wait status %d)", round, sig,
+			  status);
+		cr_assert_eq(count_files(tmps), 0, "round %d: temporary shards left", round);
+		size_t done = count_files(shards);
+		cr_assert(done == 0 || done > 100, "round %d: %zu shards renamed, not all or none",
+			  round, done);
+	}
+}
+
+Test(prepare, fifo_input_refused_without_blocking, .timeout = 30)
+{
+	char fifo[128], out[128];
+	snprintf(fifo, sizeof(fifo), "%s/in.fifo", dir);
+	snprintf(out, sizeof(out), "%s/out", dir);
+	cr_assert_eq(mkfifo(fifo, 0644), 0);
+	const char *args[] = { "prepare", "--vocab", vocab, "--out", out, fifo, NULL };
+	cr_assert_eq(run(args), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "a FIFO"), "%s", ng_error_message());
 }

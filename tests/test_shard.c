@@ -1,8 +1,8 @@
 /*
  * tests/test_shard.c — the shard format: write/read round trip of random tokens, and every bad
- * file the reader refuses (missing, wrong magic, wrong version, truncated, header count larger
- * than the file, trailing bytes, a token >= vocab with its offset) gives one line naming the
- * file.
+ * file (missing, wrong magic, wrong version, truncated, header count larger than the file,
+ * trailing bytes, a token >= vocab with its offset, a FIFO or a device) gives one line naming
+ * the file, at once.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -140,6 +140,23 @@ Test(shard, bad_files)
 	ng_shard_close(&s);
 	cr_assert_eq(ng_shard_open(&s, p, 0), NG_OK); /* scan skipped */
 	ng_shard_close(&s);
+}
+
+/* A FIFO (or a device) named as a shard is one error line at once: the file's type is looked
+ * at before anything could block on it (a FIFO without a writer used to hang open forever). */
+Test(shard, fifo_and_device_refused_without_blocking, .timeout = 20)
+{
+	char p[128];
+	snprintf(p, sizeof(p), "%s/fifo.bin", dir);
+	cr_assert_eq(mkfifo(p, 0644), 0);
+	expect_error(p, 1000, "not a regular file (a FIFO)");
+	size_t n;
+	ng_clear_error();
+	cr_assert_eq(ng_shard_read_header(p, &n), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "a FIFO"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_assert_eq(ng_shard_open(&(struct ng_shard){ 0 }, "/dev/zero", 1000), NG_ERR_INPUT);
+	cr_assert(strstr(ng_error_message(), "a character device"), "%s", ng_error_message());
 }
 
 Test(shard, unwritable_directory_keeps_old_file)

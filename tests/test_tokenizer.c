@@ -1,7 +1,9 @@
 /*
  * tests/test_tokenizer.c — the GPT-2 BPE tokenizer: exact encodings of
  * data/gpt2/encode_cases.json, decode(encode(x)) == x for random bytes (invalid UTF-8
- * included), long words, cache on/off agreement, and missing / corrupt vocabulary files.
+ * included), long words (an enormous one in bounded pieces), cache on/off agreement, missing /
+ * corrupt / truncated / mismatched vocabulary files (a FIFO too), and error lines that quote a
+ * bad line with its control bytes escaped.
  * The vocabulary is the tree's own data/gpt2 (its path fixed at build time, so the tests run
  * from any directory and never skip).
  */
@@ -154,6 +156,37 @@ Test(tokenizer, roundtrip_any_bytes)
 	ng_bpe_cache_free(&cache);
 }
 
+/* A pre-token of many megabytes (a line without spaces) is encoded in pieces of
+ * NG_TOKENIZER_MAX_WORD bytes: its tokens are the pieces' tokens, in bounded time and memory,
+ * and it still decodes to itself. */
+Test(tokenizer, enormous_word_is_cut_into_bounded_pieces)
+{
+	size_t n = 4u << 20, piece = NG_TOKENIZER_MAX_WORD;
+	struct ng_rng r;
+	ng_rng_seed(&r, 11);
+	char *w = malloc(n);
+	for (size_t i = 0; i < n; i++)
+		w[i] = (char)('a' + ng_rng_below(&r, 26));
+	struct ng_token_buf all = { 0 }, parts = { 0 };
+	clock_t t0 = clock();
+	cr_assert_eq(ng_tokenizer_encode(&tok, NULL, w, n, &all), NG_OK);
+	double s = (double)(clock() - t0) / CLOCKS_PER_SEC;
+	cr_assert_lt(s, 8.0, "a 4 MB word took %.2f s", s);
+	for (size_t at = 0; at < n; at += piece)
+		cr_assert_eq(ng_tokenizer_encode(&tok, NULL, w + at, n - at < piece ? n - at : piece,
+						 &parts), NG_OK);
+	cr_assert(all.len == parts.len && memcmp(all.data, parts.data, 2 * all.len) == 0,
+		  "the word's tokens are not its pieces' tokens");
+	char *back;
+	size_t blen;
+	cr_assert_eq(ng_tokenizer_decode(&tok, all.data, all.len, &back, &blen), NG_OK);
+	cr_assert(blen == n && memcmp(back, w, n) == 0);
+	free(back);
+	free(all.data);
+	free(parts.data);
+	free(w);
+}
+
 Test(tokenizer, long_word_is_fast_and_exact)
 {
 	size_t n = 1 << 20; /* one 1 MB pre-token: quadratic BPE would take minutes */
@@ -215,12 +248,99 @@ Test(tokenizer_files, missing_and_corrupt)
 	expect_load_error(dir, "vocab.bpe line 3");
 	write_file(b, "#version: 0.2\nzzzzqqq xxyyq\n");
 	expect_load_error(dir, "vocab.bpe line 2");
-	write_file(b, "#version: 0.2\n\xc4\xa0 t\n"); /* valid, one merge */
+	write_file(b, "#version: 0.2\n\xc4\xa0 t\n"); /* well-formed, but 49999 merges short */
+	expect_load_error(dir, "holds 1 merges, its encoder.json needs 50000");
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+/* A directory with GPT-2's 256 byte tokens (ids 0..255 of the real encoder.json), the tokens
+ * `extra` (name -> id), and vocab.bpe = `merges`. */
+static void small_vocab(const char *dir, const char *extra, const char *merges)
+{
+	char path[4200];
+	snprintf(path, sizeof(path), "%s/encoder.json", gpt2_dir());
+	json_error_t err;
+	json_t *enc = json_load_file(path, 0, &err), *out = json_loads(extra, 0, &err);
+	cr_assert(enc && out, "%s", err.text);
+	const char *k;
+	json_t *v;
+	json_object_foreach(enc, k, v) {
+		if (json_integer_value(v) < 256)
+			json_object_set(out, k, v);
+	}
+	snprintf(path, sizeof(path), "%s/encoder.json", dir);
+	cr_assert_eq(json_dump_file(out, path, 0), 0);
+	json_decref(enc);
+	json_decref(out);
+	snprintf(path, sizeof(path), "%s/vocab.bpe", dir);
+	write_file(path, merges);
+}
+
+/* The merges and the encoder must be one vocabulary: counts, ids, order. */
+Test(tokenizer_files, merges_and_encoder_must_agree)
+{
+	char dir[] = "/tmp/ng_tok_XXXXXX", path[4200], cmd[9000];
+	cr_assert(mkdtemp(dir));
+	/* a consistent small vocabulary loads: 256 bytes, one merge, one special token */
+	small_vocab(dir, "{\"\u0120t\": 256, \"<|endoftext|>\": 257}", "#version: 0.2\n\xc4\xa0 t\n");
 	struct ng_tokenizer t;
 	ng_clear_error();
 	cr_assert_eq(ng_tokenizer_load(&t, dir), NG_OK, "%s", ng_error_message());
-	cr_assert_eq(t.n_merges, 1);
+	cr_assert(t.n_merges == 1 && t.n_special == 1 && t.n_vocab == 258);
 	ng_tokenizer_free(&t);
+	/* a token no merge makes */
+	small_vocab(dir, "{\"\u0120t\": 256, \"ab\": 257}", "\xc4\xa0 t\n");
+	expect_load_error(dir, "holds 1 merges, its encoder.json needs 2");
+	/* an id given twice, and a gap in the ids */
+	small_vocab(dir, "{\"\u0120t\": 256, \"ab\": 256}", "\xc4\xa0 t\n");
+	expect_load_error(dir, "each once");
+	small_vocab(dir, "{\"\u0120t\": 300}", "\xc4\xa0 t\n");
+	expect_load_error(dir, "each once");
+	/* an id out of range: the message quotes the token (it used to be read after the JSON
+	 * holding it was freed; found by tests/fuzz/fuzz_vocab.c) */
+	small_vocab(dir, "{\"bad\\u001bid\": 70000}", "\xc4\xa0 t\n");
+	expect_load_error(dir, "token \"bad\\x1bid\" has a bad id");
+	/* a merge repeated, and a merge that uses a token made only later */
+	small_vocab(dir, "{\"\u0120t\": 256, \"\u0120th\": 257}", "\xc4\xa0 t\n\xc4\xa0 t\n");
+	expect_load_error(dir, "vocab.bpe line 2: merge");
+	small_vocab(dir, "{\"\u0120t\": 256, \"\u0120th\": 257}", "\xc4\xa0t h\n\xc4\xa0 t\n");
+	expect_load_error(dir, "uses a token no earlier merge made");
+
+	/* GPT-2's vocab.bpe cut after 1000 lines: 999 merges where 50000 belong */
+	snprintf(cmd, sizeof(cmd), "cp '%s/encoder.json' '%s/' && head -n 1000 '%s/vocab.bpe' > "
+		 "'%s/vocab.bpe'", gpt2_dir(), dir, gpt2_dir(), dir);
+	cr_assert_eq(system(cmd), 0);
+	expect_load_error(dir, "holds 999 merges, its encoder.json needs 50000");
+	/* ... and cut in the middle of its last line */
+	snprintf(cmd, sizeof(cmd), "head -c -3 '%s/vocab.bpe' > '%s/v' && mv '%s/v' "
+		 "'%s/vocab.bpe'", gpt2_dir(), dir, dir, dir);
+	cr_assert_eq(system(cmd), 0);
+	expect_load_error(dir, "vocab.bpe");
+
+	/* a FIFO in place of a file is refused at once, not read forever */
+	snprintf(path, sizeof(path), "%s/vocab.bpe", dir);
+	unlink(path);
+	cr_assert_eq(mkfifo(path, 0644), 0);
+	expect_load_error(dir, "not a regular file (a FIFO)");
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+/* An error quoting a bad line shows its control bytes as \xNN: nothing reaches the terminal
+ * raw, and the message stays one line. */
+Test(tokenizer_files, control_bytes_in_errors_are_escaped)
+{
+	char dir[] = "/tmp/ng_tok_XXXXXX", path[4200], cmd[9000];
+	cr_assert(mkdtemp(dir));
+	snprintf(cmd, sizeof(cmd), "cp '%s/encoder.json' '%s/'", gpt2_dir(), dir);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(path, sizeof(path), "%s/vocab.bpe", dir);
+	write_file(path, "#version: 0.2\n\x1b[2J\x1b]0;owned\x07 \xff\x85\xc2\x9b\r\r\n");
+	expect_load_error(dir, "merge \"\\x1b[2J\\x1b]0;owned\\x07 \\xff\\x85\\xc2\\x9b\"");
+	for (const char *p = ng_error_message(); *p; p++)
+		cr_assert((unsigned char)*p >= 0x20 && (unsigned char)*p != 0x7f,
+			  "raw byte 0x%02x in '%s'", (unsigned char)*p, ng_error_message());
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	cr_assert_eq(system(cmd), 0);
 }

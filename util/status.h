@@ -10,6 +10,8 @@
 #ifndef NG_UTIL_STATUS_H
 #define NG_UTIL_STATUS_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,6 +34,11 @@ void ng_hint(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *ng_error_message(void); /* "" when none */
 const char *ng_error_hint(void);    /* "" when none */
 void ng_clear_error(void);
+
+/* Copy the NUL-terminated `in` to out (cap bytes, always terminated), each control byte, DEL,
+ * C1 control and byte that is not part of valid UTF-8 written as \xNN (so the text prints as
+ * one harmless line). ng_fail and ng_hint pass every message through it. */
+void ng_escape_text(char *out, size_t cap, const char *in);
 
 /* Print "nanograph: <message>" and the hint, if any, to stderr. */
 void ng_print_error(void);
