@@ -38,21 +38,29 @@ static void remove_dir(void)
 	rmdir(dir);
 }
 
+/* Load the vocabulary directory of one input; the directory is made for it and removed after
+ * (libFuzzer ends the process without atexit handlers, so nothing may outlive an input). */
+static int load_and_check(void);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (!dir[0]) {
-		snprintf(dir, sizeof(dir), "/dev/shm/ng_fuzz_vocab_XXXXXX");
-		if (!mkdtemp(dir)) {
-			snprintf(dir, sizeof(dir), "/tmp/ng_fuzz_vocab_XXXXXX");
-			if (!mkdtemp(dir))
-				abort();
-		}
-		atexit(remove_dir);
+	snprintf(dir, sizeof(dir), "/dev/shm/ng_fuzz_vocab_XXXXXX");
+	if (!mkdtemp(dir)) {
+		snprintf(dir, sizeof(dir), "/tmp/ng_fuzz_vocab_XXXXXX");
+		if (!mkdtemp(dir))
+			abort();
 	}
 	const uint8_t *nul = memchr(data, 0, size);
 	size_t n_enc = nul ? (size_t)(nul - data) : size;
 	put("encoder.json", data, n_enc);
 	put("vocab.bpe", nul ? nul + 1 : data, nul ? size - n_enc - 1 : 0);
+	int rc = load_and_check();
+	remove_dir();
+	return rc;
+}
+
+static int load_and_check(void)
+{
 	struct ng_tokenizer tok;
 	ng_clear_error();
 	if (ng_tokenizer_load(&tok, dir) != NG_OK)
