@@ -12,20 +12,7 @@
 
 #include "kernels/check.h"
 #include "src/commands.h"
-
-/* Run `nanograph ARGS...` in-process; returns the status, the error line in ng_error_message. */
-static enum ng_status run(const char *first, ...)
-{
-	char *argv[64] = { "nanograph" };
-	int argc = 1;
-	va_list ap;
-	va_start(ap, first);
-	for (const char *a = first; a; a = va_arg(ap, const char *))
-		argv[argc++] = (char *)a;
-	va_end(ap);
-	ng_clear_error();
-	return ng_main(argc, argv);
-}
+#include "tests/cli_testing.h"
 
 static void expect_input_error(enum ng_status st, const char *needle)
 {
@@ -38,56 +25,56 @@ static void expect_input_error(enum ng_status st, const char *needle)
 
 Test(cli, version_and_help)
 {
-	cr_expect_eq(run("--version", NULL), NG_OK);
-	cr_expect_eq(run("--help", NULL), NG_OK);
+	cr_expect_eq(ng_test_cli_run("--version", NULL), NG_OK);
+	cr_expect_eq(ng_test_cli_run("--help", NULL), NG_OK);
 	const char *cmds[] = { "train", "plan", "dump", "prepare" };
 	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
-		cr_expect_eq(run(cmds[i], "--help", NULL), NG_OK, "%s --help: %s", cmds[i],
+		cr_expect_eq(ng_test_cli_run(cmds[i], "--help", NULL), NG_OK, "%s --help: %s", cmds[i],
 			     ng_error_message());
 }
 
 Test(cli, bad_usage_is_exit_2)
 {
-	expect_input_error(run(NULL), "no command given");
-	expect_input_error(run("fly", NULL), "unknown command");
-	expect_input_error(run("train", "--stepz", "3", NULL), "unknown flag '--stepz'");
-	expect_input_error(run("train", "--steps", NULL), "needs a value");
-	expect_input_error(run("train", "--steps", "0", NULL), "out of range");
-	expect_input_error(run("train", "--steps", "ten", NULL), "not a valid integer");
-	expect_input_error(run("train", "--lr", "-1", NULL), "out of range");
-	expect_input_error(run("train", "--model", "d13", NULL), "unknown model 'd13'");
-	expect_input_error(run("train", "--device", "tpu", NULL), "not cuda or cpu");
-	expect_input_error(run("train", "--schedule", "step", NULL), "not cosine or linear");
-	expect_input_error(run("plan", "--batch", "0", NULL), "out of range");
-	expect_input_error(run("train", "--device", "cpu", "--fp8", "--model", "tiny", "--steps",
+	expect_input_error(ng_test_cli_run(NULL), "no command given");
+	expect_input_error(ng_test_cli_run("fly", NULL), "unknown command");
+	expect_input_error(ng_test_cli_run("train", "--stepz", "3", NULL), "unknown flag '--stepz'");
+	expect_input_error(ng_test_cli_run("train", "--steps", NULL), "needs a value");
+	expect_input_error(ng_test_cli_run("train", "--steps", "0", NULL), "out of range");
+	expect_input_error(ng_test_cli_run("train", "--steps", "ten", NULL), "not a valid integer");
+	expect_input_error(ng_test_cli_run("train", "--lr", "-1", NULL), "out of range");
+	expect_input_error(ng_test_cli_run("train", "--model", "d13", NULL), "unknown model 'd13'");
+	expect_input_error(ng_test_cli_run("train", "--device", "tpu", NULL), "not cuda or cpu");
+	expect_input_error(ng_test_cli_run("train", "--schedule", "step", NULL), "not cosine or linear");
+	expect_input_error(ng_test_cli_run("plan", "--batch", "0", NULL), "out of range");
+	expect_input_error(ng_test_cli_run("train", "--device", "cpu", "--fp8", "--model", "tiny", "--steps",
 			       "1", NULL), "no FP8 path");
-	expect_input_error(run("train", "--recompute", "gelu,sometimes", NULL), "unknown item");
-	expect_input_error(run("train", "--gpu-mem", "20", NULL), "only --recompute auto");
-	expect_input_error(run("train", "--recompute", "gelu", "--gpu-mem", "20", NULL),
+	expect_input_error(ng_test_cli_run("train", "--recompute", "gelu,sometimes", NULL), "unknown item");
+	expect_input_error(ng_test_cli_run("train", "--gpu-mem", "20", NULL), "only --recompute auto");
+	expect_input_error(ng_test_cli_run("train", "--recompute", "gelu", "--gpu-mem", "20", NULL),
 			   "only --recompute auto");
-	expect_input_error(run("train", "--recompute", "auto", "--gpu-mem", "0", NULL),
+	expect_input_error(ng_test_cli_run("train", "--recompute", "auto", "--gpu-mem", "0", NULL),
 			   "out of range");
 	/* plan --recompute auto: a budget to fit, or the reason it cannot */
 	if (ng_cuda_device_count() == 0)
-		expect_input_error(run("plan", "--model", "d24", "--recompute", "auto", NULL),
+		expect_input_error(ng_test_cli_run("plan", "--model", "d24", "--recompute", "auto", NULL),
 				   "how much memory");
-	expect_input_error(run("plan", "--model", "d24", "--batch", "32", "--recompute", "auto",
+	expect_input_error(ng_test_cli_run("plan", "--model", "d24", "--batch", "32", "--recompute", "auto",
 			       "--gpu-mem", "15", NULL), "with every recompute");
-	cr_expect_eq(run("plan", "--model", "d24", "--batch", "32", "--recompute", "auto",
+	cr_expect_eq(ng_test_cli_run("plan", "--model", "d24", "--batch", "32", "--recompute", "auto",
 			 "--gpu-mem", "26", "--json", NULL), NG_OK, "%s", ng_error_message());
 }
 
 Test(cli, impossible_models_are_refused)
 {
-	expect_input_error(run("train", "--model", "tiny", "--channels", "65", NULL),
+	expect_input_error(ng_test_cli_run("train", "--model", "tiny", "--channels", "65", NULL),
 			   "not divisible by heads");
-	expect_input_error(run("train", "--model", "tiny", "--heads", "4", "--channels", "72",
+	expect_input_error(ng_test_cli_run("train", "--model", "tiny", "--heads", "4", "--channels", "72",
 			       NULL), "head size 18");
-	expect_input_error(run("train", "--model", "tiny", "--channels", "1024", "--heads", "2",
+	expect_input_error(ng_test_cli_run("train", "--model", "tiny", "--channels", "1024", "--heads", "2",
 			       NULL), "head size 512");
-	expect_input_error(run("train", "--model", "tiny", "--total-batch", "1000", NULL),
+	expect_input_error(ng_test_cli_run("train", "--model", "tiny", "--total-batch", "1000", NULL),
 			   "not a multiple");
-	expect_input_error(run("train", "--model", "tiny", "--vocab", "70000", NULL),
+	expect_input_error(ng_test_cli_run("train", "--model", "tiny", "--vocab", "70000", NULL),
 			   "out of range");
 }
 
@@ -95,7 +82,7 @@ Test(cli, no_gpu_means_exit_1_with_a_hint)
 {
 	if (ng_cuda_device_count() > 0)
 		cr_skip_test("a CUDA device is present");
-	enum ng_status st = run("train", "--model", "tiny", "--steps", "1", NULL);
+	enum ng_status st = ng_test_cli_run("train", "--model", "tiny", "--steps", "1", NULL);
 	cr_expect_eq(st, NG_ERR_RUNTIME);
 	cr_expect(strstr(ng_error_message(), "no CUDA device") != NULL, "%s", ng_error_message());
 	cr_expect(strstr(ng_error_hint(), "--device cpu") != NULL, "%s", ng_error_hint());
@@ -107,7 +94,7 @@ Test(cli, eval_without_gpu_says_use_device_cpu)
 {
 	if (ng_cuda_device_count() > 0)
 		cr_skip_test("a CUDA device is present");
-	enum ng_status st = run("eval", "--ckpt", "/nonexistent.safetensors", "--val", "x", NULL);
+	enum ng_status st = ng_test_cli_run("eval", "--ckpt", "/nonexistent.safetensors", "--val", "x", NULL);
 	cr_expect_eq(st, NG_ERR_RUNTIME);
 	cr_expect(strstr(ng_error_message(), "no CUDA device found") != NULL, "%s",
 		  ng_error_message());
@@ -117,12 +104,12 @@ Test(cli, eval_without_gpu_says_use_device_cpu)
 /* A flag value quoted in an error keeps its control bytes out of the terminal: \xNN, one line. */
 Test(cli, control_bytes_in_errors_are_escaped)
 {
-	enum ng_status st = run("train", "--schedule", "\x1b[2J\x1b]0;x\x07\ncosine", NULL);
+	enum ng_status st = ng_test_cli_run("train", "--schedule", "\x1b[2J\x1b]0;x\x07\ncosine", NULL);
 	expect_input_error(st, "'\\x1b[2J\\x1b]0;x\\x07\\x0acosine' is not cosine or linear");
 	for (const char *p = ng_error_message(); *p; p++)
 		cr_expect((unsigned char)*p >= 0x20 && *p != 0x7f, "raw byte 0x%02x",
 			  (unsigned char)*p);
-	st = run("\xe2\x80\xae\xc3\xa9t\xc2\x9b\xff", NULL); /* valid UTF-8 kept, C1 and junk not */
+	st = ng_test_cli_run("\xe2\x80\xae\xc3\xa9t\xc2\x9b\xff", NULL); /* valid UTF-8 kept, C1 and junk not */
 	cr_expect(strstr(ng_error_message(), "'\xe2\x80\xae\xc3\xa9t\\xc2\\x9b\\xff'") != NULL,
 		  "%s", ng_error_message());
 }
@@ -133,7 +120,7 @@ Test(cli, cpu_tiny_cuts_the_loss_by_30_percent, .timeout = 600)
 	int fd = mkstemp(path);
 	cr_assert(fd >= 0);
 	close(fd);
-	enum ng_status st = run("train", "--device", "cpu", "--model", "tiny", "--steps", "200",
+	enum ng_status st = ng_test_cli_run("train", "--device", "cpu", "--model", "tiny", "--steps", "200",
 				"--metrics", path, NULL);
 	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
 	FILE *f = fopen(path, "r");

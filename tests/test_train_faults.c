@@ -29,26 +29,13 @@
 #include "kernels/check.h"
 #include "src/checkpoint.h"
 #include "src/commands.h"
+#include "tests/cli_testing.h"
 #include "tests/test_tmpdir.h"
 #include "util/rng.h"
 
 static void setup(void) { ng_test_dir_make("ng_faults_test_"); }
 
 TestSuite(train_faults, .init = setup);
-
-/* Run `nanograph ARGS...` (NULL-terminated) in-process. */
-static enum ng_status run(const char *first, ...)
-{
-	char *argv[64] = { "nanograph" };
-	int argc = 1;
-	va_list ap;
-	va_start(ap, first);
-	for (const char *a = first; a; a = va_arg(ap, const char *))
-		argv[argc++] = (char *)a;
-	va_end(ap);
-	ng_clear_error();
-	return ng_main(argc, argv);
-}
 
 /* The tiny model's flags: `train` + these + the rest. */
 #define TINY "train", "--device", "cpu", "--model", "tiny", "--batch", "2", "--seq-len", "32"
@@ -158,7 +145,7 @@ Test(train_faults, failed_start_releases_the_loader)
 	int before = threads_();
 	cr_assert_eq(before, 0);
 	for (int i = 0; i < 20; i++) {
-		enum ng_status st = run(TINY, "--steps", "2", "--train", shard, "--init", bad, "--out",
+		enum ng_status st = ng_test_cli_run(TINY, "--steps", "2", "--train", shard, "--init", bad, "--out",
 					out, NULL);
 		expect_error(st, NG_ERR_INPUT, bad, "--init of a bad file");
 		cr_assert_eq(threads_settled(before), before, "a thread outlived the failed --init");
@@ -175,13 +162,13 @@ Test(train_faults, failed_start_releases_the_loader)
 	fputs("garbage garbage", f);
 	fclose(f);
 	for (int i = 0; i < 5; i++) {
-		enum ng_status st = run(TINY, "--steps", "2", "--train", shard, "--resume", "--out",
+		enum ng_status st = ng_test_cli_run(TINY, "--steps", "2", "--train", shard, "--resume", "--out",
 					out, NULL);
 		expect_error(st, NG_ERR_INPUT, state, "--resume of a bad state");
 		cr_assert_eq(threads_settled(before), before, "a thread outlived the failed --resume");
 	}
 	/* --val that matches nothing, after --train opened */
-	enum ng_status st = run(TINY, "--steps", "2", "--train", shard, "--val", missing, NULL);
+	enum ng_status st = ng_test_cli_run(TINY, "--steps", "2", "--train", shard, "--val", missing, NULL);
 	expect_error(st, NG_ERR_INPUT, missing, "--val of no files");
 	cr_assert_eq(threads_settled(before), before, "a thread outlived the failed --val");
 }
@@ -203,13 +190,13 @@ Test(train_faults, fifo_is_an_error_not_a_hang, .timeout = 60)
 	ng_gpt_init(&cfg, &lay, 1, p);
 	cr_assert_eq(ng_ckpt_write_model(model, &cfg, p), NG_OK, "%s", ng_error_message());
 	free(p);
-	expect_error(run(TINY, "--steps", "1", "--train", fifo, NULL), NG_ERR_INPUT, "a FIFO",
+	expect_error(ng_test_cli_run(TINY, "--steps", "1", "--train", fifo, NULL), NG_ERR_INPUT, "a FIFO",
 		     "train --train FIFO");
-	expect_error(run("eval", "--device", "cpu", "--ckpt", model, "--val", fifo, NULL),
+	expect_error(ng_test_cli_run("eval", "--device", "cpu", "--ckpt", model, "--val", fifo, NULL),
 		     NG_ERR_INPUT, "a FIFO", "eval --val FIFO");
-	expect_error(run(TINY, "--steps", "1", "--init", fifo, NULL), NG_ERR_INPUT, "a FIFO",
+	expect_error(ng_test_cli_run(TINY, "--steps", "1", "--init", fifo, NULL), NG_ERR_INPUT, "a FIFO",
 		     "train --init FIFO");
-	expect_error(run("eval", "--device", "cpu", "--ckpt", fifo, "--val", fifo, NULL),
+	expect_error(ng_test_cli_run("eval", "--device", "cpu", "--ckpt", fifo, "--val", fifo, NULL),
 		     NG_ERR_INPUT, "a FIFO", "eval --ckpt FIFO");
 }
 
@@ -219,7 +206,7 @@ Test(train_faults, metrics_write_failure_fails_the_run, .timeout = 120)
 {
 	char out[300];
 	path_in(out, sizeof(out), "out");
-	enum ng_status st = run(TINY, "--steps", "5", "--metrics", "/dev/full", "--out", out, NULL);
+	enum ng_status st = ng_test_cli_run(TINY, "--steps", "5", "--metrics", "/dev/full", "--out", out, NULL);
 	expect_error(st, NG_ERR_RUNTIME, "--metrics /dev/full", "metrics on /dev/full");
 	cr_assert(strstr(ng_error_message(), strerror(ENOSPC)), "%s", ng_error_message());
 	cr_assert_eq(latest_step(out), 1, "the step done before the failure was not kept");
@@ -230,7 +217,7 @@ Test(train_faults, metrics_write_failure_fails_the_run, .timeout = 120)
 	FILE *f = fopen(metrics, "w");
 	fputs("{\"step\":1,\"loss\":6.2}\n{\"step\":2,\"lo", f);
 	fclose(f);
-	st = run(TINY, "--steps", "3", "--metrics", metrics, "--out", out, "--resume", NULL);
+	st = ng_test_cli_run(TINY, "--steps", "3", "--metrics", metrics, "--out", out, "--resume", NULL);
 	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
 	cr_assert_eq(count_lines(metrics), 3);
 	f = fopen(metrics, "r");
@@ -243,7 +230,7 @@ Test(train_faults, metrics_write_failure_fails_the_run, .timeout = 120)
 	char fifo[300];
 	path_in(fifo, sizeof(fifo), "m.fifo");
 	cr_assert_eq(mkfifo(fifo, 0644), 0);
-	expect_error(run(TINY, "--steps", "3", "--metrics", fifo, NULL), NG_ERR_INPUT, fifo,
+	expect_error(ng_test_cli_run(TINY, "--steps", "3", "--metrics", fifo, NULL), NG_ERR_INPUT, fifo,
 		     "--metrics FIFO without a reader");
 }
 
@@ -254,13 +241,13 @@ Test(train_faults, unusable_out_is_found_before_step_1)
 	char metrics[300], afile[300];
 	path_in(metrics, sizeof(metrics), "m.jsonl");
 	path_in(afile, sizeof(afile), "afile");
-	enum ng_status st = run(TINY, "--steps", "30", "--ckpt-every", "25", "--out",
+	enum ng_status st = ng_test_cli_run(TINY, "--steps", "30", "--ckpt-every", "25", "--out",
 				"/nonexistent/dir", "--metrics", metrics, NULL);
 	expect_error(st, NG_ERR_INPUT, "/nonexistent/dir", "--out in a missing directory");
 	cr_assert_neq(access(metrics, F_OK), 0, "a step ran before the --out check");
 	FILE *f = fopen(afile, "w");
 	fclose(f);
-	st = run(TINY, "--steps", "30", "--stop-after", "20", "--out", afile, "--metrics", metrics,
+	st = ng_test_cli_run(TINY, "--steps", "30", "--stop-after", "20", "--out", afile, "--metrics", metrics,
 		 NULL);
 	expect_error(st, NG_ERR_INPUT, "not a directory", "--out naming a file");
 	cr_assert_neq(access(metrics, F_OK), 0, "a step ran before the --out check");
@@ -268,7 +255,7 @@ Test(train_faults, unusable_out_is_found_before_step_1)
 		char ro[300];
 		path_in(ro, sizeof(ro), "ro");
 		mkdir(ro, 0555);
-		st = run(TINY, "--steps", "30", "--ckpt-every", "25", "--out", ro, NULL);
+		st = ng_test_cli_run(TINY, "--steps", "30", "--ckpt-every", "25", "--out", ro, NULL);
 		expect_error(st, NG_ERR_INPUT, "cannot write", "read-only --out");
 	}
 }
@@ -282,15 +269,15 @@ Test(train_faults, resume_refuses_a_changed_no_shuffle)
 	path_in(a, sizeof(a), "a");
 	path_in(b, sizeof(b), "b");
 	make_shard(shard, 5000, 0, 2);
-	cr_assert_eq(run(TINY, "--steps", "4", "--stop-after", "2", "--train", shard,
+	cr_assert_eq(ng_test_cli_run(TINY, "--steps", "4", "--stop-after", "2", "--train", shard,
 			 "--no-shuffle", "--out", a, NULL), NG_OK, "%s", ng_error_message());
-	expect_error(run(TINY, "--steps", "4", "--train", shard, "--out", a, "--resume", NULL),
+	expect_error(ng_test_cli_run(TINY, "--steps", "4", "--train", shard, "--out", a, "--resume", NULL),
 		     NG_ERR_INPUT, "--no-shuffle", "resume dropping --no-shuffle");
-	cr_assert_eq(run(TINY, "--steps", "4", "--train", shard, "--no-shuffle", "--out", a,
+	cr_assert_eq(ng_test_cli_run(TINY, "--steps", "4", "--train", shard, "--no-shuffle", "--out", a,
 			 "--resume", NULL), NG_OK, "%s", ng_error_message());
-	cr_assert_eq(run(TINY, "--steps", "4", "--stop-after", "2", "--train", shard, "--out", b,
+	cr_assert_eq(ng_test_cli_run(TINY, "--steps", "4", "--stop-after", "2", "--train", shard, "--out", b,
 			 NULL), NG_OK, "%s", ng_error_message());
-	expect_error(run(TINY, "--steps", "4", "--train", shard, "--no-shuffle", "--out", b,
+	expect_error(ng_test_cli_run(TINY, "--steps", "4", "--train", shard, "--no-shuffle", "--out", b,
 			 "--resume", NULL), NG_ERR_INPUT, "--no-shuffle", "resume adding --no-shuffle");
 }
 
@@ -307,13 +294,13 @@ Test(train_faults, bad_token_in_a_later_shard)
 	/* 321 tokens: 10 windows of T+1 = 33, 5 batches of B = 2, in file order (--no-shuffle) */
 	make_shard(s0, 321, 0, 3);
 	make_shard(s1, 321, 100, 4);
-	enum ng_status st = run(TINY, "--steps", "8", "--train", pattern, "--no-shuffle", "--out",
+	enum ng_status st = ng_test_cli_run(TINY, "--steps", "8", "--train", pattern, "--no-shuffle", "--out",
 				out, NULL);
 	expect_error(st, NG_ERR_INPUT, s1, "bad token in the second shard");
 	cr_assert(strstr(ng_error_message(), "byte offset 1224"), "%s", ng_error_message());
 	cr_assert_eq(latest_step(out), 5, "the 5 steps on the first shard were not kept");
 	make_shard(s1, 321, 0, 4); /* fixed: same length, the same windows */
-	st = run(TINY, "--steps", "8", "--train", pattern, "--no-shuffle", "--out", out, "--resume",
+	st = ng_test_cli_run(TINY, "--steps", "8", "--train", pattern, "--no-shuffle", "--out", out, "--resume",
 		 "--ckpt-every", "8", NULL);
 	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
 	cr_assert_eq(latest_step(out), 8);
@@ -331,7 +318,7 @@ Test(train_faults, sigterm_checkpoints_and_exits_cleanly, .timeout = 120)
 	if (child == 0) {
 		int fd = open("/dev/null", O_WRONLY);
 		dup2(fd, 2); /* the step lines */
-		_exit((int)run(TINY, "--steps", "100000", "--metrics", metrics, "--out", out, NULL));
+		_exit((int)ng_test_cli_run(TINY, "--steps", "100000", "--metrics", metrics, "--out", out, NULL));
 	}
 	time_t t0 = time(NULL);
 	while (count_lines(metrics) < 3 && time(NULL) - t0 < 90)
@@ -353,7 +340,7 @@ Test(train_faults, sigterm_checkpoints_and_exits_cleanly, .timeout = 120)
 	ng_ckpt_state_free(&s);
 	char steps[32];
 	snprintf(steps, sizeof(steps), "%lld", step + 2);
-	cr_assert_eq(run(TINY, "--steps", steps, "--metrics", metrics, "--out", out, "--resume",
+	cr_assert_eq(ng_test_cli_run(TINY, "--steps", steps, "--metrics", metrics, "--out", out, "--resume",
 			 "--ckpt-every", "1", NULL), NG_OK, "%s", ng_error_message());
 	cr_assert_eq(latest_step(out), step + 2);
 }
