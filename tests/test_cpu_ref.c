@@ -97,6 +97,8 @@ Test(cpu_ref, finite_differences_every_tensor, .init = setup_)
 	const char *worst_name = "";
 	for (int id = 0; id < NG_P_COUNT; id++) {
 		const struct ng_param_spec *p = &m.lay.p[id];
+		if (!ng_param_present(p))
+			continue;
 		int layers = p->per_layer ? cfg.L : 1;
 		size_t per = p->per_layer ? p->numel / p->shape[0] : p->numel;
 		if (id == NG_P_WTE)

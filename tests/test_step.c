@@ -171,7 +171,8 @@ static void check_gradient_writes(const struct ng_graph *g, const char *what)
 		}
 	}
 	for (int p = 0; p < NG_P_COUNT; p++)
-		for (int l = 0; l < (g->lay.p[p].per_layer ? L : 1); l++)
+		for (int l = 0; ng_param_present(&g->lay.p[p]) && l < (g->lay.p[p].per_layer ? L : 1);
+		     l++)
 			cr_assert(ready[p * L + l], "seed %llu %s: the %s gradient (layer %d) is never "
 				  "written", (unsigned long long)seed_, what, g->lay.p[p].name, l);
 	free(ready);
