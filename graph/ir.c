@@ -38,7 +38,9 @@ const char *ng_op_kind_name(enum ng_op_kind kind)
 		"crossentropy", "loss_accumulate", "matmul_dinp", "matmul_dw", "gelu_bwd",
 		"attention_bwd", "layernorm_bwd", "encoder_bwd", "grad_norm", "schedule", "adamw",
 		"step_finish", "gather_rows", "logits_out", "fp8_prep",
-		"encoder_sort", "transpose_w", "muon",
+		"encoder_sort", "transpose_w", "muon", "scalars", "attn_bounds", "embed_fwd",
+		"embed_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "qk_rotary_fwd", "qk_rotary_bwd",
+		"mix_fwd", "mix_bwd", "add", "relu2_fwd", "relu2_bwd", "softcap_ce",
 	};
 	return (unsigned)kind < NG_OP_KIND_COUNT ? n[kind] : "?";
 }
@@ -46,7 +48,8 @@ const char *ng_op_kind_name(enum ng_op_kind kind)
 const char *ng_op_which_name(enum ng_op_which which)
 {
 	static const char *n[NG_OP_WHICH_COUNT] = { "", "ln1", "ln2", "lnf", "qkv", "attproj",
-						    "fc", "fcproj", "head" };
+						    "fc", "fcproj", "head", "xmix", "vmix",
+						    "skip" };
 	return (unsigned)which < NG_OP_WHICH_COUNT ? n[which] : "?";
 }
 

@@ -115,6 +115,42 @@
  *                     with its own current scale) [, params_fp8t: W^T of the fp8 dinp kinds,
  *                     same scales].
  *
+ * The speedrun family (graph/step_spr.c; docs/DESIGN.md "The speedrun model"). Its matmuls are
+ * MATMUL_* without bias (param[1] = -1); the attention tensors of block l are at its slot
+ * ng_spr_attn_slot(l) of dim 0 (the executor maps the layer). N = B*T, C channels.
+ *   SCALARS           (step level, first) in: params_bf16, params_lo. out: scalars f32: the fp32
+ *                     master of xlambda, vlambda and skipw (the layout's range from xlambda to
+ *                     the end of skipw), then the constant 1.0.
+ *   ATTN_BOUNDS       in: inputs i32 (B, T), step_state. out: bounds i32 (2, B, T): for each
+ *                     query the first key it may see (its document's start, and t - window + 1),
+ *                     row 0 for the long window, row 1 for the short one; the window comes from
+ *                     the step counter (graph/step_spr.h).
+ *   EMBED_FWD         in: inputs, params_bf16. out: rows (N, C) bf16 = table[tok]. param[0] =
+ *                     WTE or VE, index = the table.
+ *   EMBED_BWD         in: drows (N, C) bf16, sorted (ENCODER_SORT's), inputs. out: grads (+=
+ *                     into the table's rows). param[0], index as EMBED_FWD.
+ *   RMSNORM_FWD       in: x (N, C). out: y (N, C) bf16, rstd f32 (N). which LN1 (before the
+ *                     attention), LN2 (before the MLP), LNF (before the head), NONE (the
+ *                     embedding).
+ *   RMSNORM_BWD       in: dy, x, rstd. out: dx (+=; overwrite: "=").
+ *   QK_ROTARY_FWD     in: qkv (N, 3C) (the matmul's). out: qkva (N, 3C): q and k RMS-normed per
+ *                     head and rotated, v copied; rstd f32 (N, 2, H).
+ *   QK_ROTARY_BWD     in: qkva, rstd. out: dqkva: its q and k parts turned in place into the
+ *                     gradients of the matmul's q and k (v untouched).
+ *   MIX_FWD           out = a u + b w (kernels/mix.h) by which: XMIX (in: x, x0, scalars; a, b =
+ *                     xlambda[l]); VMIX (in: qkv (v read at column 2C), ve rows or -1, scalars;
+ *                     out: qkva, v written at column 2C; a, b = vlambda[slot]); SKIP (in: x,
+ *                     skip source, scalars; a = 1, b = skipw[index]).
+ *   MIX_BWD           the gradients of MIX_FWD: in: dout, u, w (or -1), scalars. out: du (or
+ *                     -1), dw (or -1), grads (the scalars', +=). XMIX: du = dx "=" (in place on
+ *                     dout), dw = dx0 +=; VMIX: du = the v part of dqkva "=" (in place), dw =
+ *                     dve +=; SKIP: du -1 (the identity), dw = dskip "=".
+ *   ADD               in: dst, src, scalars (its constant 1). out: dst += src (bf16).
+ *   RELU2_FWD         in: pre (N, 4C). out: post = relu(pre)^2.
+ *   RELU2_BWD         in: pre, dpost. out: dpre (in place on dpost).
+ *   SOFTCAP_CE        as CROSSENTROPY, over all Vp columns of soft-capped logits
+ *                     (kernels/softcap.h); training: the gradient of the SUM of the losses.
+ *
  * References: docs/DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op
  * order.
  */
@@ -163,6 +199,10 @@ enum ng_op_kind {
 	NG_OP_GELU_BWD, NG_OP_ATTENTION_BWD, NG_OP_LAYERNORM_BWD, NG_OP_ENCODER_BWD,
 	NG_OP_GRAD_NORM, NG_OP_SCHEDULE, NG_OP_ADAMW, NG_OP_STEP_FINISH, NG_OP_GATHER_ROWS,
 	NG_OP_LOGITS_OUT, NG_OP_FP8_PREP, NG_OP_ENCODER_SORT, NG_OP_TRANSPOSE_W, NG_OP_MUON,
+	/* the speedrun family (graph/step_spr.c) */
+	NG_OP_SCALARS, NG_OP_ATTN_BOUNDS, NG_OP_EMBED_FWD, NG_OP_EMBED_BWD, NG_OP_RMSNORM_FWD,
+	NG_OP_RMSNORM_BWD, NG_OP_QK_ROTARY_FWD, NG_OP_QK_ROTARY_BWD, NG_OP_MIX_FWD, NG_OP_MIX_BWD,
+	NG_OP_ADD, NG_OP_RELU2_FWD, NG_OP_RELU2_BWD, NG_OP_SOFTCAP_CE,
 	NG_OP_KIND_COUNT
 };
 
@@ -170,6 +210,7 @@ enum ng_op_kind {
 enum ng_op_which {
 	NG_OP_WHICH_NONE, NG_OP_WHICH_LN1, NG_OP_WHICH_LN2, NG_OP_WHICH_LNF, NG_OP_WHICH_QKV,
 	NG_OP_WHICH_ATTPROJ, NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ, NG_OP_WHICH_HEAD,
+	NG_OP_WHICH_XMIX, NG_OP_WHICH_VMIX, NG_OP_WHICH_SKIP, /* the speedrun's MIX ops */
 	NG_OP_WHICH_COUNT
 };
 
@@ -227,6 +268,8 @@ struct ng_op {
 	int residual;              /* MATMUL_FWD: 1 = out = in[n_in - 1] (rows, OC) bf16 + the
 	                            * product (the block's residual add, in the matmul's epilogue) */
 	int own;                   /* MATMUL_DINP: 1 = our own GEMM's DGELU (see the kind) */
+	int index;                 /* EMBED_FWD / EMBED_BWD: the table (ve: 0..2; wte: 0); MIX
+	                            * with SKIP: the skip weight j; ATTENTION_*: 1 = long window */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
 };
 

@@ -8,6 +8,8 @@
  * logits of a chunk (rows, Vp); LayerNorm statistics f32 (N); lse f32 (B, H, T).
  */
 #include "graph/step.h"
+#include "graph/step_build.h"
+#include "graph/step_spr.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -119,16 +121,6 @@ void ng_step_workspace_estimate(const struct ng_gpt_config *cfg, int B, int T,
 	ws->gelu_bwd = (N + 255) / 256 * 4 * C * sizeof(float); /* the fc bias partials */
 }
 
-/* The builder's state while it emits one graph. */
-struct bld {
-	struct ng_graph *g;
-	struct ng_step_workspace ws; /* workspace sizes in use */
-	int micro;                   /* current micro-batch, -1 outside */
-	enum ng_phase phase;         /* phase of the ops being emitted */
-	char pfx[16];                /* "m3." when K > 1, else "" */
-	size_t B, T, C, Vp, N;       /* sizes as size_t for shape arithmetic */
-};
-
 /* Tensors of one block's forward that its backward reads. */
 struct layer_acts {
 	int resid_in;        /* the block's input residual stream (encoded or previous resid2) */
@@ -151,7 +143,7 @@ struct fwd_out {
 	int sorted;               /* train graphs: ENCODER_SORT's output, else -1 */
 };
 
-static int act(struct bld *b, const char *name, enum ng_dtype dt, int ndim, size_t s0, size_t s1,
+static int act(struct ng_bld *b, const char *name, enum ng_dtype dt, int ndim, size_t s0, size_t s1,
 	       size_t s2)
 {
 	char full[NG_TENSOR_NAME];
@@ -160,7 +152,7 @@ static int act(struct bld *b, const char *name, enum ng_dtype dt, int ndim, size
 	return ng_graph_add_tensor(b->g, full, dt, NG_ROLE_ACTIVATION, false, ndim, shape, 0);
 }
 
-static int lact(struct bld *b, int l, const char *what, enum ng_dtype dt, int ndim, size_t s0,
+static int lact(struct ng_bld *b, int l, const char *what, enum ng_dtype dt, int ndim, size_t s0,
 		size_t s1, size_t s2)
 {
 	char name[NG_TENSOR_NAME];
@@ -170,7 +162,7 @@ static int lact(struct bld *b, int l, const char *what, enum ng_dtype dt, int nd
 
 /* Fill in the op's display name, micro-batch and phase, attach a workspace of `ws_bytes`
  * (none when 0), and add it. */
-static int emit(struct bld *b, struct ng_op *op, size_t ws_bytes)
+static int emit(struct ng_bld *b, struct ng_op *op, size_t ws_bytes)
 {
 	op->micro = b->micro;
 	op->phase = b->phase;
@@ -206,8 +198,6 @@ static struct ng_op mk(enum ng_op_kind kind, enum ng_op_which which, int layer, 
 	return op;
 }
 
-#define IN(...) (int)(sizeof((int[]){ __VA_ARGS__ }) / sizeof(int)), (int[]){ __VA_ARGS__ }
-#define OUT(...) IN(__VA_ARGS__)
 
 /* The parameters a `which` reads: {weight, bias}. */
 static void which_params(enum ng_op_which w, int *p)
@@ -228,7 +218,7 @@ static void which_params(enum ng_op_which w, int *p)
 }
 
 /* An op that reads parameters: sets param[] from `which`. */
-static int emit_p(struct bld *b, struct ng_op op, size_t ws_bytes)
+static int emit_p(struct ng_bld *b, struct ng_op op, size_t ws_bytes)
 {
 	which_params(op.which, op.param);
 	return emit(b, &op, ws_bytes);
@@ -237,7 +227,7 @@ static int emit_p(struct bld *b, struct ng_op op, size_t ws_bytes)
 /* --fp8 train graphs: make a forward matmul an fp8 one (its E4M3 weights and scales as inputs
  * 2 and 3, the E4M3 copy of its input as input 4 when a LayerNorm wrote one: inp8 >= 0) and
  * return the bytes its scratch needs in front for casting the input itself; 0 otherwise. */
-static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic, int inp8)
+static size_t fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8)
 {
 	struct ng_graph *g = b->g;
 	if (!(g->fp8 & ng_fp8_bit(op->which)))
@@ -256,7 +246,7 @@ static size_t fp8_in(struct bld *b, struct ng_op *op, size_t ic, int inp8)
 
 /* --fp8: when `consumer` is an fp8 matmul, the LayerNorm op writes its E4M3 input too: a u8
  * tensor "<name>" as its last output, fp8_state as its last input. Returns it, or -1. */
-static int ln_fp8_out(struct bld *b, struct ng_op *op, enum ng_op_which consumer, int l,
+static int ln_fp8_out(struct ng_bld *b, struct ng_op *op, enum ng_op_which consumer, int l,
 		      const char *name)
 {
 	struct ng_graph *g = b->g;
@@ -272,7 +262,7 @@ static int ln_fp8_out(struct bld *b, struct ng_op *op, enum ng_op_which consumer
 
 /* A full-rows matmul forward: out = inp @ W^T + b (with the GELU epilogue when aux >= 0; plus
  * the residual stream `resid` when resid >= 0, the block's residual add). */
-static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int out, int aux,
+static void matmul_fwd(struct ng_bld *b, enum ng_op_which w, int l, int inp, int out, int aux,
 		       int inp8, int resid)
 {
 	struct ng_graph *g = b->g;
@@ -291,7 +281,7 @@ static void matmul_fwd(struct bld *b, enum ng_op_which w, int l, int inp, int ou
 
 /* One micro-batch's forward up to the final LayerNorm. `sample` splits positions instead of
  * targets. */
-static void build_forward(struct bld *b, struct fwd_out *f, int sample)
+static void build_forward(struct ng_bld *b, struct fwd_out *f, int sample)
 {
 	struct ng_graph *g = b->g;
 	const int L = g->cfg.L;
@@ -375,7 +365,7 @@ static void build_forward(struct bld *b, struct fwd_out *f, int sample)
 
 /* The classifier in chunks. Train: head, cross-entropy (dlogits in place), head dinp into
  * dlnf, head dW. Eval (dlnf < 0): head and the loss only. Then the loss into `loss_dst`. */
-static void build_classifier(struct bld *b, const struct fwd_out *f, int dlnf, int loss_dst)
+static void build_classifier(struct ng_bld *b, const struct fwd_out *f, int dlnf, int loss_dst)
 {
 	struct ng_graph *g = b->g;
 	const int N = (int)b->N, rows = g->head_chunk_rows;
@@ -432,7 +422,7 @@ static int recomputes(int on, int keep, int L, int l)
 }
 
 /* LayerNorm output for a backward use: the stored one, or a recompute from the statistics. */
-static int ln_for_bwd(struct bld *b, enum ng_op_which w, int l, int x, int stored, int mean,
+static int ln_for_bwd(struct ng_bld *b, enum ng_op_which w, int l, int x, int stored, int mean,
 		      int rstd)
 {
 	struct ng_graph *g = b->g;
@@ -449,7 +439,7 @@ static int ln_for_bwd(struct bld *b, enum ng_op_which w, int l, int x, int store
 
 /* The weight gradient of a full-rows linear layer, and its bias gradient unless bias is 0 (the
  * FC layer's when GELU_BWD sums it). */
-static void matmul_dw(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int bias)
+static void matmul_dw(struct ng_bld *b, enum ng_op_which w, int l, int dout, int inp, int bias)
 {
 	struct ng_graph *g = b->g;
 	struct ng_op op = mk(NG_OP_MATMUL_DW, w, l, IN(dout, inp), OUT(g->t_grads));
@@ -461,7 +451,7 @@ static void matmul_dw(struct bld *b, enum ng_op_which w, int l, int dout, int in
 }
 
 /* The input gradient of a full-rows linear layer (through the DGELU epilogue when aux >= 0). */
-static void matmul_dinp(struct bld *b, enum ng_op_which w, int l, int dout, int dinp, int aux)
+static void matmul_dinp(struct ng_bld *b, enum ng_op_which w, int l, int dout, int dinp, int aux)
 {
 	struct ng_graph *g = b->g;
 	struct ng_op op = aux >= 0 ? mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16, aux), OUT(dinp))
@@ -482,14 +472,14 @@ static void matmul_dinp(struct bld *b, enum ng_op_which w, int l, int dout, int 
 }
 
 /* A full-rows matmul backward pair: dW (+= grads) then dinp. aux >= 0 fuses DGELU. */
-static void matmul_bwd(struct bld *b, enum ng_op_which w, int l, int dout, int inp, int dinp,
+static void matmul_bwd(struct ng_bld *b, enum ng_op_which w, int l, int dout, int inp, int dinp,
 		       int aux)
 {
 	matmul_dw(b, w, l, dout, inp, 1);
 	matmul_dinp(b, w, l, dout, dinp, aux);
 }
 
-static void layernorm_bwd(struct bld *b, enum ng_op_which w, int l, int dln, int x, int mean,
+static void layernorm_bwd(struct ng_bld *b, enum ng_op_which w, int l, int dln, int x, int mean,
 			  int rstd, int dresid)
 {
 	struct ng_graph *g = b->g;
@@ -499,7 +489,7 @@ static void layernorm_bwd(struct bld *b, enum ng_op_which w, int l, int dln, int
 }
 
 /* One micro-batch's backward, from dlnf down to the embeddings. */
-static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
+static void build_backward(struct ng_bld *b, const struct fwd_out *f, int dlnf)
 {
 	struct ng_graph *g = b->g;
 	const size_t B = b->B, T = b->T, C = b->C;
@@ -599,7 +589,7 @@ static void build_backward(struct bld *b, const struct fwd_out *f, int dlnf)
  * micro-batch 0, classifier chunk 0. The tied head's dW comes before the embedding backward that
  * adds into the same wte gradient. A GELU_BWD that sums the fc bias gradient is its only writer,
  * so it overwrites in micro-batch 0 too, as does our own GEMM's DINP, which sums it instead. */
-static void mark_first_writers(struct ng_graph *g)
+void ng_bld_mark_first_writers(struct ng_graph *g)
 {
 	for (int i = 0; i < g->n_ops; i++) {
 		struct ng_op *op = &g->ops[i];
@@ -610,7 +600,7 @@ static void mark_first_writers(struct ng_graph *g)
 }
 
 /* ZERO of one tensor, at step level. */
-static void zero(struct bld *b, int t)
+static void zero(struct ng_bld *b, int t)
 {
 	struct ng_op op = ng_op_blank(NG_OP_ZERO);
 	op.n_out = 1;
@@ -620,7 +610,7 @@ static void zero(struct bld *b, int t)
 
 /* Check the sizes, reset the graph, declare the persistent tensors (same order in every kind)
  * and the token buffer (K, B, T+1). */
-static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kind kind,
+static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_kind kind,
 			    const struct ng_gpt_config *cfg, int B, int T, int K,
 			    const struct ng_step_options *opt_in)
 {
@@ -732,7 +722,7 @@ static enum ng_status begin(struct bld *b, struct ng_graph *g, enum ng_graph_kin
 }
 
 /* Enter micro-batch m: names get the "m<k>." prefix when K > 1. */
-static void enter_micro(struct bld *b, int m)
+static void enter_micro(struct ng_bld *b, int m)
 {
 	b->micro = m;
 	if (b->g->K > 1)
@@ -742,17 +732,15 @@ static void enter_micro(struct bld *b, int m)
 }
 
 /* Leave the micro-batches: step-level names and phase. */
-static void leave_micro(struct bld *b, enum ng_phase phase)
+static void leave_micro(struct ng_bld *b, enum ng_phase phase)
 {
 	b->micro = -1;
 	b->pfx[0] = '\0';
 	b->phase = phase;
 }
 
-/* Plan, validate; on any failure free the graph and return the status. */
-static enum ng_status finish(struct ng_graph *g, struct fwd_out *f)
+enum ng_status ng_bld_finish(struct ng_graph *g)
 {
-	free(f->la);
 	enum ng_status st = g->status;
 	if (!st)
 		st = ng_graph_plan(g, g->align);
@@ -761,6 +749,13 @@ static enum ng_status finish(struct ng_graph *g, struct fwd_out *f)
 	if (st)
 		ng_graph_free(g);
 	return st;
+}
+
+/* Plan, validate; on any failure free the graph and return the status. */
+static enum ng_status finish(struct ng_graph *g, struct fwd_out *f)
+{
+	free(f->la);
+	return ng_bld_finish(g);
 }
 
 static enum ng_status alloc_layers(struct ng_graph *g, struct fwd_out *f)
@@ -777,7 +772,9 @@ static enum ng_status alloc_layers(struct ng_graph *g, struct fwd_out *f)
 enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
 				   int T, int K, const struct ng_step_options *opt)
 {
-	struct bld b;
+	if (cfg->arch == NG_ARCH_SPEEDRUN)
+		return ng_spr_build_train(g, cfg, B, T, K, opt);
+	struct ng_bld b;
 	struct fwd_out f;
 	enum ng_status st = begin(&b, g, NG_GRAPH_TRAIN, cfg, B, T, K, opt);
 	if (st || (st = alloc_layers(g, &f)))
@@ -823,7 +820,7 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 	op = mk(NG_OP_STEP_FINISH, NG_OP_WHICH_NONE, -1, IN(g->t_step_state),
 		OUT(g->t_step_state));
 	emit(&b, &op, 0);
-	mark_first_writers(g);
+	ng_bld_mark_first_writers(g);
 	return finish(g, &f);
 }
 
@@ -925,7 +922,9 @@ const char *ng_step_recompute_name(const struct ng_graph *g, char *buf, size_t n
 enum ng_status ng_step_build_eval(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
 				  int T, int K, const struct ng_step_options *opt)
 {
-	struct bld b;
+	if (cfg->arch == NG_ARCH_SPEEDRUN)
+		return ng_spr_build_eval(g, cfg, B, T, K, opt);
+	struct ng_bld b;
 	struct fwd_out f;
 	enum ng_status st = begin(&b, g, NG_GRAPH_EVAL, cfg, B, T, K, opt);
 	if (st || (st = alloc_layers(g, &f)))
@@ -942,7 +941,9 @@ enum ng_status ng_step_build_eval(struct ng_graph *g, const struct ng_gpt_config
 enum ng_status ng_step_build_sample(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
 				    int T, const struct ng_step_options *opt)
 {
-	struct bld b;
+	if (cfg->arch == NG_ARCH_SPEEDRUN)
+		return ng_spr_build_sample(g, cfg, B, T, opt);
+	struct ng_bld b;
 	struct fwd_out f;
 	enum ng_status st = begin(&b, g, NG_GRAPH_SAMPLE, cfg, B, T, 1, opt);
 	if (st || (st = alloc_layers(g, &f)))
@@ -962,4 +963,45 @@ enum ng_status ng_step_build_sample(struct ng_graph *g, const struct ng_gpt_conf
 	op.n_out = 0;
 	emit(&b, &op, 0);
 	return finish(g, &f);
+}
+
+/* The builder's primitives for graph/step_spr.c (graph/step_build.h). */
+int ng_bld_act(struct ng_bld *b, const char *name, enum ng_dtype dt, int ndim, size_t s0,
+	       size_t s1, size_t s2)
+{
+	return act(b, name, dt, ndim, s0, s1, s2);
+}
+
+int ng_bld_lact(struct ng_bld *b, int l, const char *what, enum ng_dtype dt, int ndim, size_t s0,
+		size_t s1, size_t s2)
+{
+	return lact(b, l, what, dt, ndim, s0, s1, s2);
+}
+
+int ng_bld_emit(struct ng_bld *b, struct ng_op *op, size_t ws_bytes)
+{
+	return emit(b, op, ws_bytes);
+}
+
+struct ng_op ng_bld_mk(enum ng_op_kind kind, enum ng_op_which which, int layer, int n_in,
+		       const int *in, int n_out, const int *out)
+{
+	return mk(kind, which, layer, n_in, in, n_out, out);
+}
+
+enum ng_status ng_bld_begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_kind kind,
+			    const struct ng_gpt_config *cfg, int B, int T, int K,
+			    const struct ng_step_options *opt)
+{
+	return begin(b, g, kind, cfg, B, T, K, opt);
+}
+
+void ng_bld_enter_micro(struct ng_bld *b, int m)
+{
+	enter_micro(b, m);
+}
+
+void ng_bld_leave_micro(struct ng_bld *b, enum ng_phase phase)
+{
+	leave_micro(b, phase);
 }
