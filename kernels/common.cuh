@@ -65,6 +65,59 @@ static __device__ __forceinline__ struct ng_bf16x8 ng_pack8_(const float f[8])
 	return v;
 }
 
+/* The row of a warp-per-row kernel: lane `lane` owns the 8 channels at lane*8 + 256 j, j < NCH;
+ * those below C are loaded (streaming: the row is read once), all before any is used. */
+template <int NCH>
+static __device__ __forceinline__ void ng_load_row8_(struct ng_bf16x8 r[NCH],
+						     const __nv_bfloat16 *row, int C, int lane)
+{
+#pragma unroll
+	for (int j = 0; j < NCH; j++) {
+		int c = lane * 8 + j * 32 * 8;
+		if (c < C)
+			r[j] = ng_load8_stream_(row + c);
+	}
+}
+
+/* The bodies of the elementwise kernels, one thread per 8 elements (16-byte loads) and a scalar
+ * tail for n % 8, in fp32: out[i] = f(a[i]) (map1) or f(a[i], b[i]) (map2), rounded once. */
+template <typename F>
+static __device__ __forceinline__ void ng_map1_vec8_(__nv_bfloat16 *out, const __nv_bfloat16 *a,
+						     size_t n, F f)
+{
+	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (i + 8 <= n) {
+		float x[8];
+		ng_unpack8_(x, ng_load8_stream_(a + i));
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			x[k] = f(x[k]);
+		ng_store8_(out + i, ng_pack8_(x));
+	} else {
+		for (; i < n; i++)
+			out[i] = __float2bfloat16_rn(f(__bfloat162float(a[i])));
+	}
+}
+
+template <typename F>
+static __device__ __forceinline__ void ng_map2_vec8_(__nv_bfloat16 *out, const __nv_bfloat16 *a,
+						     const __nv_bfloat16 *b, size_t n, F f)
+{
+	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (i + 8 <= n) {
+		float x[8], y[8];
+		ng_unpack8_(x, ng_load8_stream_(a + i));
+		ng_unpack8_(y, ng_load8_stream_(b + i));
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			x[k] = f(x[k], y[k]);
+		ng_store8_(out + i, ng_pack8_(x));
+	} else {
+		for (; i < n; i++)
+			out[i] = __float2bfloat16_rn(f(__bfloat162float(a[i]), __bfloat162float(b[i])));
+	}
+}
+
 static __device__ __forceinline__ float ng_warp_sum_(float x)
 {
 #pragma unroll
@@ -142,6 +195,47 @@ static inline enum ng_status ng_ensure_smem_(K kernel, size_t bytes)
 
 /* Is p aligned to 16 bytes? (host side, for the launchers' precondition checks) */
 static inline int ng_aligned16_(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* The grid of an elementwise kernel with one thread per 8 elements (and a scalar tail). */
+static inline unsigned ng_vec8_grid_(size_t n, int threads)
+{
+	return (unsigned)(((n + 7) / 8 + threads - 1) / threads);
+}
+
+/* The precondition of those kernels: n > 0, a grid that fits, three 16-byte aligned pointers
+ * (repeat one where the kernel has fewer). */
+static inline enum ng_status ng_check_vec8_(const char *who, size_t n, int threads, const void *a,
+					    const void *b, const void *c)
+{
+	if (n == 0)
+		return ng_check_arg_fail(who, "n must be > 0");
+	if ((n + 7) / 8 > (size_t)threads * 0x7fffffffu)
+		return ng_check_arg_fail(who, "n = %zu is too large", n);
+	if (!ng_aligned16_(a) || !ng_aligned16_(b) || !ng_aligned16_(c))
+		return ng_check_arg_fail(who, "pointers must be 16-byte aligned (%p %p %p)", a, b, c);
+	return NG_OK;
+}
+
+/* The register classes of the warp-per-row kernels (kernels/layernorm.cu, kernels/rmsnorm.cu):
+ * a lane holds NCH chunks of 8 channels of its row, NCH in 1..8, 12 or 16 (C <= 4096, one
+ * instantiation each). Returns f.template run<NCH>() for the smallest class >= nch. */
+template <typename F> static inline enum ng_status ng_nch_dispatch_(int nch, const F &f)
+{
+	switch (nch) {
+	case 1: return f.template run<1>();
+	case 2: return f.template run<2>();
+	case 3: return f.template run<3>();
+	case 4: return f.template run<4>();
+	case 5: return f.template run<5>();
+	case 6: return f.template run<6>();
+	case 7: return f.template run<7>();
+	case 8: return f.template run<8>();
+	default: break;
+	}
+	if (nch <= 12)
+		return f.template run<12>();
+	return f.template run<16>();
+}
 
 /* GELU, the tanh approximation of GPT-2 (Hendrycks & Gimpel 2016), in fp32: used by the
  * elementwise kernels and by the epilogue of our GEMM, so both compute the same values. */

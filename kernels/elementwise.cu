@@ -15,20 +15,16 @@
 
 #define EW_THREADS 256
 #define BG_ROWS 256 /* rows per bias-grad chunk */
+struct gelu_op { /* GELU(x) */
+	__device__ float operator()(float x) const { return ng_gelu_f(x); }
+};
+struct gelu_grad_op { /* GELU'(x) d */
+	__device__ float operator()(float x, float d) const { return d * ng_gelu_grad_f(x); }
+};
+
 static __global__ void gelu_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *inp, size_t n)
 {
-	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-	if (i + 8 <= n) {
-		float x[8];
-		ng_unpack8_(x, ng_load8_stream_(inp + i));
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			x[k] = ng_gelu_f(x[k]);
-		ng_store8_(out + i, ng_pack8_(x));
-	} else {
-		for (; i < n; i++)
-			out[i] = __float2bfloat16_rn(ng_gelu_f(__bfloat162float(inp[i])));
-	}
+	ng_map1_vec8_(out, inp, n, gelu_op());
 }
 
 /* Transpose (a batch: blockIdx.z) in 64 x 64 tiles through shared memory (rows padded by 4
@@ -78,20 +74,7 @@ static __global__ void transpose_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *i
 static __global__ void gelu_bwd_vec8(__nv_bfloat16 *dinp, const __nv_bfloat16 *inp,
 				     const __nv_bfloat16 *dout, size_t n)
 {
-	size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-	if (i + 8 <= n) {
-		float x[8], d[8];
-		ng_unpack8_(x, ng_load8_stream_(inp + i));
-		ng_unpack8_(d, ng_load8_stream_(dout + i));
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			d[k] *= ng_gelu_grad_f(x[k]);
-		ng_store8_(dinp + i, ng_pack8_(d));
-	} else {
-		for (; i < n; i++)
-			dinp[i] = __float2bfloat16_rn(ng_gelu_grad_f(__bfloat162float(inp[i])) *
-						      __bfloat162float(dout[i]));
-	}
+	ng_map2_vec8_(dinp, inp, dout, n, gelu_grad_op());
 }
 
 /* The end of a row-chunk block (32 x 8 threads, 256 columns): the 8 row groups' sums of each
@@ -249,18 +232,12 @@ static __global__ void tokens_split_shift(int32_t *inputs, int32_t *targets,
 	targets[i] = w[1];
 }
 
-static unsigned grid8(size_t n) { return (unsigned)(((n + 7) / 8 + EW_THREADS - 1) / EW_THREADS); }
+static unsigned grid8(size_t n) { return ng_vec8_grid_(n, EW_THREADS); }
 
 static enum ng_status check_vec(const char *who, size_t n, const void *a, const void *b,
 				const void *c)
 {
-	if (n == 0)
-		return ng_check_arg_fail(who, "n must be > 0");
-	if ((n + 7) / 8 > (size_t)EW_THREADS * 0x7fffffffu)
-		return ng_check_arg_fail(who, "n = %zu is too large", n);
-	if (!ng_aligned16_(a) || !ng_aligned16_(b) || !ng_aligned16_(c))
-		return ng_check_arg_fail(who, "pointers must be 16-byte aligned (%p %p %p)", a, b, c);
-	return NG_OK;
+	return ng_check_vec8_(who, n, EW_THREADS, a, b, c);
 }
 
 extern "C" enum ng_status ng_gelu_fwd(ng_bf16 *out, const ng_bf16 *inp, size_t n, cudaStream_t s)
