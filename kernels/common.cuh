@@ -118,6 +118,41 @@ static __device__ __forceinline__ void ng_map2_vec8_(__nv_bfloat16 *out, const _
 	}
 }
 
+/* W (8 or 1) consecutive bf16 at p as float: for kernels with a 16-byte vector path and a scalar
+ * path for other shapes (W == 8: one 16-byte load, p 16-byte aligned). */
+template <int W>
+static __device__ __forceinline__ void ng_loadw_(float x[W], const __nv_bfloat16 *p)
+{
+	if constexpr (W == 8)
+		ng_unpack8_(x, ng_load8_(p));
+	else
+		x[0] = __bfloat162float(*p);
+}
+
+/* x rounded to bf16 and stored at p, W as ng_loadw_. */
+template <int W>
+static __device__ __forceinline__ void ng_storew_(__nv_bfloat16 *p, const float x[W])
+{
+	if constexpr (W == 8)
+		ng_store8_(p, ng_pack8_(x));
+	else
+		*p = __float2bfloat16_rn(x[0]);
+}
+
+/* Copies 16 bytes global -> shared without a register round trip (cp.async, sm_80+); both
+ * addresses 16-byte aligned. ng_copy_wait_all_ waits for this thread's copies; other threads
+ * see them after a barrier that follows the wait. */
+static __device__ __forceinline__ void ng_copy16_async_(void *dst_shared, const void *src)
+{
+	unsigned d = (unsigned)__cvta_generic_to_shared(dst_shared);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ void ng_copy_wait_all_(void)
+{
+	asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 static __device__ __forceinline__ float ng_warp_sum_(float x)
 {
 #pragma unroll

@@ -42,7 +42,9 @@
 #define ENC_NONE 0xffffffffu /* "no long-run piece" marker, never a token */
 
 /* blockDim.x = C/8 threads cover a token's channels; blockDim.y token slots per block; each
- * thread handles tokens bt0 + y + r * blockDim.y, r < ENC_FWD_ROWS. */
+ * thread handles tokens bt0 + y + r * blockDim.y, r < ENC_FWD_ROWS. POS false: no position
+ * table (ng_embed_fwd), the rows of wte copied. */
+template <bool POS>
 static __global__ void encoder_fwd_rows(__nv_bfloat16 *out, const int32_t *tokens,
 					const __nv_bfloat16 *wte, const __nv_bfloat16 *wpe, int T,
 					int C, int ntok)
@@ -55,7 +57,8 @@ static __global__ void encoder_fwd_rows(__nv_bfloat16 *out, const int32_t *token
 		int bt = bt0 + r * blockDim.y;
 		if (bt < ntok) {
 			a[r] = ng_load8_(wte + (size_t)tokens[bt] * C + c);
-			b[r] = ng_load8_(wpe + (size_t)(bt % T) * C + c);
+			if (POS)
+				b[r] = ng_load8_(wpe + (size_t)(bt % T) * C + c);
 		}
 	}
 #pragma unroll
@@ -63,6 +66,10 @@ static __global__ void encoder_fwd_rows(__nv_bfloat16 *out, const int32_t *token
 		int bt = bt0 + r * blockDim.y;
 		if (bt >= ntok)
 			continue;
+		if (!POS) { /* a copy: the bits of the table */
+			ng_store8_(out + (size_t)bt * C + c, a[r]);
+			continue;
+		}
 		float x[8], y[8];
 		ng_unpack8_(x, a[r]);
 		ng_unpack8_(y, b[r]);
@@ -349,7 +356,8 @@ static __device__ __forceinline__ void wpe_row(int t, float *dwpe,
 
 /* One launch for dwte's windows and dwpe's rows, interleaved (block 2i: window i, block 2i + 1:
  * dwpe row i, then whichever has more), so that dwpe's plain streaming fills the time a window
- * block spends classifying its slots, and one launch (and its tail) is saved. */
+ * block spends classifying its slots, and one launch (and its tail) is saved. T = 0: windows
+ * only (no position table). */
 static __global__ void __launch_bounds__(ENC_BWD_THREADS, ENC_BWD_MINB)
 encoder_bwd_windows_wpe(float *__restrict__ dwte, float *__restrict__ part, uint32_t *head_tok,
 			uint32_t *tail_tok, float *dwpe, const __nv_bfloat16 *__restrict__ dout,
@@ -457,24 +465,49 @@ static enum ng_status check_shape(const char *who, int B, int T, int C)
 	return NG_OK;
 }
 
+/* The forward's launch, shape checked: wpe NULL copies the rows of wte (ng_embed_fwd). */
+static enum ng_status fwd_launch(const char *who, ng_bf16 *out, const int32_t *tokens,
+				 const ng_bf16 *wte, const ng_bf16 *wpe, int B, int T, int C,
+				 cudaStream_t s)
+{
+	if (!ng_aligned16_(out) || !ng_aligned16_(wte) || !ng_aligned16_(wpe))
+		return ng_check_arg_fail(who, "out/wte/wpe must be 16-byte aligned (%p %p %p)",
+					 (void *)out, (const void *)wte, (const void *)wpe);
+	if (C / 8 > 1024)
+		return ng_check_arg_fail(who, "C=%d is above 8192", C);
+	int ntok = B * T, per = C / 8 >= 256 ? 1 : 256 / (C / 8);
+	int tpb = per * ENC_FWD_ROWS; /* tokens per block */
+	dim3 block((unsigned)(C / 8), (unsigned)per);
+	unsigned grid = (unsigned)((ntok + tpb - 1) / tpb);
+	const __nv_bfloat16 *te = (const __nv_bfloat16 *)wte, *pe = (const __nv_bfloat16 *)wpe;
+	if (!wpe) {
+		encoder_fwd_rows<false><<<grid, block, 0, s>>>((__nv_bfloat16 *)out, tokens, te, pe,
+							      T, C, ntok);
+		return NG_LAUNCH_CHECK("encoder_fwd_rows<no position>");
+	}
+	encoder_fwd_rows<true><<<grid, block, 0, s>>>((__nv_bfloat16 *)out, tokens, te, pe, T, C,
+						     ntok);
+	return NG_LAUNCH_CHECK("encoder_fwd_rows");
+}
+
 extern "C" enum ng_status ng_encoder_fwd(ng_bf16 *out, const int32_t *tokens, const ng_bf16 *wte,
 					 const ng_bf16 *wpe, int B, int T, int C, cudaStream_t s)
 {
 	enum ng_status st = check_shape("ng_encoder_fwd", B, T, C);
 	if (st)
 		return st;
-	if (!ng_aligned16_(out) || !ng_aligned16_(wte) || !ng_aligned16_(wpe))
-		return ng_check_arg_fail("ng_encoder_fwd", "out/wte/wpe must be 16-byte aligned (%p %p %p)",
-					 (void *)out, (const void *)wte, (const void *)wpe);
-	if (C / 8 > 1024)
-		return ng_check_arg_fail("ng_encoder_fwd", "C=%d is above 8192", C);
-	int ntok = B * T, per = C / 8 >= 256 ? 1 : 256 / (C / 8);
-	int tpb = per * ENC_FWD_ROWS; /* tokens per block */
-	dim3 block((unsigned)(C / 8), (unsigned)per);
-	encoder_fwd_rows<<<(ntok + tpb - 1) / tpb, block, 0, s>>>(
-		(__nv_bfloat16 *)out, tokens, (const __nv_bfloat16 *)wte, (const __nv_bfloat16 *)wpe,
-		T, C, ntok);
-	return NG_LAUNCH_CHECK("encoder_fwd_rows");
+	if (!wpe)
+		return ng_check_arg_fail("ng_encoder_fwd", "wpe is required");
+	return fwd_launch("ng_encoder_fwd", out, tokens, wte, wpe, B, T, C, s);
+}
+
+extern "C" enum ng_status ng_embed_fwd(ng_bf16 *out, const ng_bf16 *table, const int32_t *tok,
+				       int N, int C, cudaStream_t s)
+{
+	enum ng_status st = check_shape("ng_embed_fwd", 1, N, C);
+	if (st)
+		return st;
+	return fwd_launch("ng_embed_fwd", out, tok, table, NULL, 1, N, C, s);
 }
 
 /* Key bits of a token below Vp, and position bits of n slots; packed: both fit in 32 bits
@@ -552,9 +585,10 @@ static enum ng_status bwd_sorted_launch(float *dwte, float *dwpe, const ng_bf16 
 	uint32_t *head_tok = (uint32_t *)p;
 	uint32_t *tail_tok = (uint32_t *)(p + L->tokb);
 	float *part = (float *)(p + 2 * L->tokb);
-	encoder_bwd_windows_wpe<<<nwin + T, ENC_BWD_THREADS, 0, s>>>(
+	int Tp = dwpe ? T : 0; /* dwpe rows to sum: none without a position table */
+	encoder_bwd_windows_wpe<<<nwin + Tp, ENC_BWD_THREADS, 0, s>>>(
 		dwte, part, head_tok, tail_tok, dwpe, (const __nv_bfloat16 *)dout, keys_out,
-		k.packed ? nullptr : pos_out, n, C, K, k.pb, nwin, B, T);
+		k.packed ? nullptr : pos_out, n, C, K, k.pb, nwin, B, Tp);
 	if ((st = NG_LAUNCH_CHECK("encoder_bwd_windows_wpe")))
 		return st;
 	dim3 cgrid((unsigned)((nwin + ENC_COMB_WINS - 1) / ENC_COMB_WINS),
@@ -620,4 +654,18 @@ extern "C" enum ng_status ng_encoder_bwd(float *dwte, float *dwpe, const ng_bf16
 		return st;
 	return bwd_sorted_launch(dwte, dwpe, dout, scratch, B, T, C, Vp,
 				 (char *)scratch + L.sorted, &L, s);
+}
+
+/* An embedding without positions is the encoder's backward over one sequence of N tokens with
+ * no position table: the same sort, windows and combine, the same determinism. */
+extern "C" size_t ng_embed_bwd_scratch_bytes(int N, int C)
+{
+	return ng_encoder_bwd_scratch_bytes(1, N, C);
+}
+
+extern "C" enum ng_status ng_embed_bwd(float *dtable, const ng_bf16 *dout, const int32_t *tok,
+				       int N, int C, int rows, void *scratch, size_t scratch_bytes,
+				       cudaStream_t s)
+{
+	return ng_encoder_bwd(dtable, NULL, dout, tok, 1, N, C, rows, scratch, scratch_bytes, s);
 }

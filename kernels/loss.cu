@@ -194,18 +194,6 @@ crossentropy_block_per_row(float *losses, __nv_bfloat16 *logits, const int32_t *
 	}
 }
 
-/* Copies 16 bytes global -> shared without a register round trip (sm_80+). */
-static __device__ __forceinline__ void ce_copy16_async(void *dst_shared, const void *src)
-{
-	unsigned d = (unsigned)__cvta_generic_to_shared(dst_shared);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-
-static __device__ __forceinline__ void ce_copy_wait_all(void)
-{
-	asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
 /* One block per row; the row (Vp bf16) lives in dynamic shared memory. Every thread reads back
  * only the vectors it copied, so the only block barriers are the statistics merge. */
 template <bool GRAD>
@@ -220,8 +208,8 @@ crossentropy_row_in_smem(float *losses, __nv_bfloat16 *logits, const int32_t *ta
 	__nv_bfloat16 *z = logits + (size_t)r * Vp;
 	int nv = (V + 7) / 8; /* vectors holding real columns */
 	for (int i = threadIdx.x; i < nv; i += CE_SMEM_THREADS)
-		ce_copy16_async(row + 8 * i, z + 8 * i);
-	ce_copy_wait_all();
+		ng_copy16_async_(row + 8 * i, z + 8 * i);
+	ng_copy_wait_all_();
 	float m = -INFINITY;
 	for (int i = threadIdx.x; i < nv; i += CE_SMEM_THREADS)
 		m = fmaxf(m, ce_vmax(ng_load8_(row + 8 * i), V - 8 * i));
