@@ -4,17 +4,18 @@
  * Why: this is the oracle every GPU kernel test and the CPU reference model (cpu_ref.c) compare
  * against, so each function is the plainest loop that is obviously the textbook formula. Speed
  * matters only enough for tests to finish: OpenMP splits the big outer loops (matmul rows and
- * columns, attention over B*H) and nothing else, and every parallel loop writes disjoint outputs
- * so results do not depend on the thread count.
+ * columns) and nothing else, and every parallel loop writes disjoint outputs so results do not
+ * depend on the thread count. The causal attention is the masked attention of cpu_spr_ops.c
+ * with one document and no window.
  *
  * Shapes are documented per function in cpu_ops.h. References: GPT-2 as in llm.c / nanoGPT
  * (pre-LN, tanh GELU, tied head); AdamW (Loshchilov & Hutter, decoupled decay); the attention
  * backward recomputes the softmax from qkv, so it is exact (no stored probabilities).
  */
 #include "graph/cpu_ops.h"
+#include "graph/cpu_spr_ops.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 #define NG_REF_LN_EPS 1e-5
 #define NG_REF_PI 3.14159265358979323846
@@ -182,102 +183,17 @@ void ng_ref_gelu_bwd(double *dinp, const double *inp, const double *dout, size_t
 	}
 }
 
-/* Softmax probabilities p[0..t] of the causal scaled score row (b, t, h); returns the lse. */
-static double attention_row_probs_(double *p, const double *qkv, int b, int t, int h, int T, int H,
-				   int D)
-{
-	size_t C3 = (size_t)3 * H * D;
-	double scale = 1.0 / sqrt((double)D);
-	const double *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * D;
-	double mx = -INFINITY;
-	for (int s = 0; s <= t; s++) {
-		const double *k = qkv + ((size_t)b * T + s) * C3 + (size_t)(H + h) * D;
-		double dot = 0.0;
-		for (int d = 0; d < D; d++)
-			dot += q[d] * k[d];
-		p[s] = dot * scale;
-		if (p[s] > mx)
-			mx = p[s];
-	}
-	double sum = 0.0;
-	for (int s = 0; s <= t; s++) {
-		p[s] = exp(p[s] - mx);
-		sum += p[s];
-	}
-	for (int s = 0; s <= t; s++)
-		p[s] /= sum;
-	return mx + log(sum);
-}
-
+/* The causal attention is the speedrun's masked attention (graph/cpu_spr_ops.c) with one
+ * document, no window and the scale 1/sqrt(D): one implementation serves both models. */
 void ng_ref_attention_fwd(double *out, double *lse, const double *qkv, int B, int T, int H, int D)
 {
-	size_t C3 = (size_t)3 * H * D;
-#pragma omp parallel for schedule(dynamic) if((double)B * H * T * T * D >= NG_REF_OMP_MIN_WORK)
-	for (int bh = 0; bh < B * H; bh++) {
-		int b = bh / H, h = bh % H;
-		double *p = malloc((size_t)T * sizeof(double));
-		if (!p)
-			continue; /* cannot happen at reference sizes; output left as is */
-		for (int t = 0; t < T; t++) {
-			double l = attention_row_probs_(p, qkv, b, t, h, T, H, D);
-			if (lse)
-				lse[((size_t)b * H + h) * T + t] = l;
-			double *o = out + (((size_t)b * T + t) * H + h) * D;
-			for (int d = 0; d < D; d++)
-				o[d] = 0.0;
-			for (int s = 0; s <= t; s++) {
-				const double *v = qkv + ((size_t)b * T + s) * C3 + (size_t)(2 * H + h) * D;
-				for (int d = 0; d < D; d++)
-					o[d] += p[s] * v[d];
-			}
-		}
-		free(p);
-	}
+	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, 0, 1.0 / sqrt((double)D), B, T, H, D);
 }
 
 void ng_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int H,
 			  int D)
 {
-	size_t C3 = (size_t)3 * H * D;
-	double scale = 1.0 / sqrt((double)D);
-	/* Each (b, h) touches only its own q, k, v columns of dqkv: the parallel loop is race-free. */
-#pragma omp parallel for schedule(dynamic) if((double)B * H * T * T * D >= NG_REF_OMP_MIN_WORK)
-	for (int bh = 0; bh < B * H; bh++) {
-		int b = bh / H, h = bh % H;
-		double *p = malloc((size_t)2 * T * sizeof(double));
-		if (!p)
-			continue;
-		double *dp = p + T;
-		for (int t = 0; t < T; t++) {
-			attention_row_probs_(p, qkv, b, t, h, T, H, D);
-			const double *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * D;
-			double *dq = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * D;
-			const double *dout_row = dout + (((size_t)b * T + t) * H + h) * D;
-			/* dP[s] = dout . v_s ; dS = P * (dP - sum_s P dP) */
-			double pdp = 0.0;
-			for (int s = 0; s <= t; s++) {
-				const double *v = qkv + ((size_t)b * T + s) * C3 + (size_t)(2 * H + h) * D;
-				double *dv = dqkv + ((size_t)b * T + s) * C3 + (size_t)(2 * H + h) * D;
-				double acc = 0.0;
-				for (int d = 0; d < D; d++) {
-					acc += dout_row[d] * v[d];
-					dv[d] += p[s] * dout_row[d];
-				}
-				dp[s] = acc;
-				pdp += p[s] * acc;
-			}
-			for (int s = 0; s <= t; s++) {
-				double ds = p[s] * (dp[s] - pdp) * scale;
-				const double *k = qkv + ((size_t)b * T + s) * C3 + (size_t)(H + h) * D;
-				double *dk = dqkv + ((size_t)b * T + s) * C3 + (size_t)(H + h) * D;
-				for (int d = 0; d < D; d++) {
-					dq[d] += ds * k[d];
-					dk[d] += ds * q[d];
-				}
-			}
-		}
-		free(p);
-	}
+	ng_ref_attention_masked_bwd(dqkv, dout, qkv, NULL, 0, 1.0 / sqrt((double)D), B, T, H, D);
 }
 
 double ng_ref_crossentropy(double *losses, double *dlogits, const double *logits,

@@ -4,9 +4,9 @@
  * a power of two, T=1 rows, large-mean inputs), plus a few forward values known in closed form,
  * AdamW against hand-derived values and the learning-rate schedule's corner points.
  *
- * Each gradient check uses the scalar f = sum(out * R) for a fixed random R, so dout = R; the
- * "+=" outputs are pre-filled with random values that are subtracted afterwards, which checks
- * the accumulate contract too. Fresh random inputs each run; the seed is in every message.
+ * The gradient checks are tests/ref_testing.h's: the scalar f = sum(out * R) for a fixed random
+ * R, so dout = R, "+=" outputs pre-filled with random values that are subtracted afterwards.
+ * Fresh random inputs each run; the seed is in every message.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -15,74 +15,7 @@
 #include <time.h>
 
 #include "graph/cpu_ops.h"
-#include "util/rng.h"
-
-#define FD_H 1e-3      /* step: truncation O(h^4) ~ 1e-13, rounding ~ 1e-16 |f| / h */
-#define FD_FLOOR 1e-5  /* gradients below this are held to an absolute 1e-11 (FD noise level) */
-#define FD_TOL 1e-6    /* relative error allowed per element */
-
-static uint64_t seed_;
-static struct ng_rng rng_;
-
-static void setup_(void)
-{
-	seed_ = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
-	ng_rng_seed(&rng_, seed_);
-}
-
-/* The buffers of one test, freed after it (.fini = release_): the tests allocate freely, and
- * the sanitizer build's leak check stays quiet. */
-static void *kept_[64];
-static int n_kept_;
-
-static void *keep_(size_t bytes)
-{
-	cr_assert_lt(n_kept_, 64);
-	void *p = malloc(bytes);
-	cr_assert(p);
-	return kept_[n_kept_++] = p;
-}
-
-static void release_(void)
-{
-	while (n_kept_)
-		free(kept_[--n_kept_]);
-}
-
-static double *rnd_(size_t n, double mean, double std)
-{
-	double *x = keep_(n * sizeof(double));
-	cr_assert(x);
-	for (size_t i = 0; i < n; i++)
-		x[i] = mean + std * ng_rng_normal(&rng_);
-	return x;
-}
-
-static double dot_(const double *a, const double *b, size_t n)
-{
-	double s = 0.0;
-	for (size_t i = 0; i < n; i++)
-		s += a[i] * b[i];
-	return s;
-}
-
-/* Run the FD comparison over all n elements of x and assert. `acc0` (may be NULL) is the
- * pre-fill of the accumulated analytic gradient, subtracted first. */
-static void expect_grad_(const char *what, double (*f)(void *), void *ctx, double *x,
-			 double *analytic, const double *acc0, size_t n)
-{
-	if (acc0)
-		for (size_t i = 0; i < n; i++)
-			analytic[i] -= acc0[i];
-	struct ng_ref_fd_result r;
-	ng_ref_fd_compare(&r, f, ctx, x, analytic, NULL, n, FD_H, FD_FLOOR);
-	cr_log_info("%s: %zu elements, max rel err %.3g, max abs err %.3g (seed %llu)", what,
-		    r.count, r.max_rel, r.max_abs, (unsigned long long)seed_);
-	cr_expect(r.max_rel <= FD_TOL,
-		  "%s: max rel err %.3g > %.1g, max abs err %.3g, worst index %zu (analytic %.12g, "
-		  "numeric %.12g), seed %llu", what, r.max_rel, FD_TOL, r.max_abs, r.worst_index,
-		  r.analytic, r.numeric, (unsigned long long)seed_);
-}
+#include "tests/ref_testing.h"
 
 /* ---- layernorm ---- */
 struct ln_ctx { double *out, *mean, *rstd, *inp, *w, *b, *R; int N, C; };
