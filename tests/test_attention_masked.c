@@ -432,6 +432,67 @@ ParameterizedTest(struct mcase *c, attention_masked, graph_replay_equals_eager, 
 	free(qkv), free(dout), free(tok);
 }
 
+/* The test's own mask (effective_window, cpu_lower_bound: the witness's first keys) is the
+ * reference's (doc ids + window): on the CPU, the bf16 witness stays within 2^-4 of max|ref|
+ * of ng_ref_attention_masked_* (its rounding errors are ~2^-8 relative; a key too many or too
+ * few moves outputs by O(1)). Runs without a GPU. */
+Test(attention_masked, witness_follows_reference_mask)
+{
+	static const struct mcase cases[] = {
+		{ .B = 2, .H = 1, .T = 97, .D = 16, .lower_bound = 1, .window = 1, .docs = 4 },
+		{ .B = 2, .H = 2, .T = 130, .D = 16, .lower_bound = 1, .window = 9, .docs = 5 },
+		{ .B = 1, .H = 1, .T = 130, .D = 8, .max_window = 40 },
+		{ .B = 2, .H = 1, .T = 200, .D = 8, .max_window = 64, .lower_bound = 1,
+		  .band_dev = 1, .window = 20, .docs = 3 },
+		{ .B = 1, .H = 1, .T = 150, .D = 8, .max_window = 100, .band_dev = 1, .window = 30 },
+		{ .B = 3, .H = 1, .T = 64, .D = 8, .max_window = 16, .lower_bound = 1, .window = 500,
+		  .docs = 2 },
+	};
+	uint64_t seed = kt_seed();
+	struct ng_rng rng;
+	ng_rng_seed(&rng, seed);
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		const struct mcase *c = &cases[ci];
+		int B = c->B, H = c->H, T = c->T, D = c->D;
+		size_t n_qkv = (size_t)B * T * 3 * H * D, n_o = n_qkv / 3, n_l = (size_t)B * H * T;
+		size_t n_t = (size_t)B * T;
+		double *qkv_d = kt_xmalloc(n_qkv * 8), *dout_d = kt_xmalloc(n_o * 8);
+		double *out_r = kt_xmalloc(n_o * 8), *lse_r = kt_xmalloc(n_l * 8);
+		double *dqkv_r = calloc(n_qkv, 8);
+		float *qkv_f = kt_xmalloc(n_qkv * 4), *dout_f = kt_xmalloc(n_o * 4);
+		float *out_l = kt_xmalloc(n_o * 4), *lse_l = kt_xmalloc(n_l * 4);
+		float *dqkv_l = kt_xmalloc(n_qkv * 4);
+		int32_t *tok = kt_xmalloc(n_t * 4), *doc = kt_xmalloc(n_t * 4);
+		int32_t *first = kt_xmalloc(n_t * 4);
+		kt_fill_bf16(&rng, NULL, qkv_d, n_qkv, 0.0, 1.0);
+		kt_fill_bf16(&rng, NULL, dout_d, n_o, 0.0, 1.0);
+		for (size_t i = 0; i < n_qkv; i++)
+			qkv_f[i] = (float)qkv_d[i];
+		for (size_t i = 0; i < n_o; i++)
+			dout_f[i] = (float)dout_d[i];
+		make_tokens(tok, B, T, c->docs, &rng);
+		int w = effective_window(c);
+		ng_ref_doc_ids(doc, tok, B, T, NG_SPR_BOS);
+		cpu_lower_bound(first, c->lower_bound ? tok : NULL, w, B, T);
+		ng_ref_attention_masked_fwd(out_r, lse_r, qkv_d, c->lower_bound ? doc : NULL, w, 0.12,
+					    B, T, H, D);
+		ng_ref_attention_masked_bwd(dqkv_r, dout_d, qkv_d, c->lower_bound ? doc : NULL, w,
+					    0.12, B, T, H, D);
+		at_lowp_attention(out_l, lse_l, dqkv_l, qkv_f, dout_f, first, 0.12f, B, H, T, D);
+		struct at_err eo = at_compare(out_l, out_r, n_o), el = at_compare(lse_l, lse_r, n_l);
+		struct at_err eg = at_compare(dqkv_l, dqkv_r, n_qkv);
+		cr_expect(eo.abs <= 0x1p-4 * eo.ref_max && el.abs <= 0x1p-4 * el.ref_max &&
+			  eg.abs <= 0x1p-4 * eg.ref_max,
+			  "case %zu (window %d): witness vs reference: out %.3e (max %.3e), lse "
+			  "%.3e (max %.3e), dqkv %.3e (max %.3e); seed %llu", ci, w, eo.abs,
+			  eo.ref_max, el.abs, el.ref_max, eg.abs, eg.ref_max,
+			  (unsigned long long)seed);
+		free(qkv_d), free(dout_d), free(out_r), free(lse_r), free(dqkv_r), free(qkv_f);
+		free(dout_f), free(out_l), free(lse_l), free(dqkv_l), free(tok), free(doc);
+		free(first);
+	}
+}
+
 Test(attention_masked, plan_rejects_bad_options)
 {
 	struct ng_attention att;
