@@ -110,13 +110,14 @@ struct ng_attention {
 	size_t bwd_seq_off;              /* bwd workspace: 2 x B int32 sequence lengths, or 0 */
 	size_t bwd_cudnn_off;            /* bwd workspace: cuDNN's own scratch */
 	int bwd_seqlen;                  /* 1: cuDNN backward with the padding-mask workaround */
-	char reason[512];                /* why a fallback to the naive kernels was taken ("" none) */
+	char reason[512];                /* why a fallback to the naive kernels was taken, or which
+					  * cuDNN graph failed before another was taken ("" none) */
 	char text[1024];                 /* ng_attention_describe's line */
 };
 
 /* Plan GPT-2's causal attention for (B, H, T, D) (ng_attention_plan_masked with no options):
- * pick a backend per direction, build and finalize the cuDNN
- * graphs (slow: runtime compilation, seconds), size the workspaces. `h` may be NULL (naive only).
+ * pick a backend per direction, build and finalize the cuDNN graphs (slow: runtime
+ * compilation, seconds), size the workspaces. `h` may be NULL (naive only).
  * force_naive: use the plain CUDA kernels. A shape cuDNN cannot do falls back to them here, with
  * the reason kept for ng_attention_describe; a shape nothing can do (D > 256, sizes <= 0) is
  * NG_ERR_INPUT. On failure nothing stays allocated. */
