@@ -44,6 +44,7 @@ struct mcase {
 	int band_dev;      /* 1: the band's width is the device window */
 	int window;        /* the device window (tokens, 0: none) */
 	int docs;          /* BOS tokens placed at random in each sequence */
+	int lo_before;     /* 1: cuDNN graphs select lo before the causal mask only */
 };
 
 /* The window the lower-bound kernel applies: the device window capped at the band. */
@@ -97,11 +98,11 @@ static void make_tokens(int32_t *tok, int B, int T, int docs, struct ng_rng *r)
 
 static void case_name(char *ctx, size_t n, const struct mcase *c, uint64_t seed)
 {
-	snprintf(ctx, n, "[%s%s B=%d H=%d T=%d D=%d scale=%g band=%d%s lo=%d window=%d docs=%d "
+	snprintf(ctx, n, "[%s%s B=%d H=%d T=%d D=%d scale=%g band=%d%s lo=%d%s window=%d docs=%d "
 		 "seed=%llu]", c->naive ? "naive" : "cuDNN", c->deterministic ? " deterministic" : "",
 		 c->B, c->H, c->T, c->D, (double)c->scale, c->max_window,
-		 c->band_dev ? " (device)" : "", c->lower_bound, c->window, c->docs,
-		 (unsigned long long)seed);
+		 c->band_dev ? " (device)" : "", c->lower_bound, c->lo_before ? " (first)" : "",
+		 c->window, c->docs, (unsigned long long)seed);
 }
 
 static void plan_case(const struct mcase *c, const char *ctx, cudnnHandle_t *h,
@@ -109,7 +110,9 @@ static void plan_case(const struct mcase *c, const char *ctx, cudnnHandle_t *h,
 {
 	struct ng_attention_opts o = {.scale = c->scale, .max_window = c->max_window,
 				      .lower_bound = c->lower_bound,
-				      .band_on_device = c->band_dev};
+				      .band_on_device = c->band_dev,
+				      .lo_order = c->lo_before ? NG_ATTENTION_LO_BEFORE
+							       : NG_ATTENTION_LO_AUTO};
 	cr_assert_eq(cudnnCreate(h), CUDNN_STATUS_SUCCESS);
 	cr_assert_eq(ng_attention_plan_masked(att, *h, c->B, c->H, c->T, c->D, c->deterministic,
 					      c->naive, &o),
@@ -200,6 +203,8 @@ ParameterizedTestParameters(attention_masked, matches_reference)
 		  .max_window = 128, .lower_bound = 1, .window = 128, .docs = 2 },
 		{ .B = 6, .H = 2, .T = 256, .D = 128, .scale = 0.12f, .max_window = 384,
 		  .lower_bound = 1, .window = 384, .docs = 2 },
+		{ .B = 2, .H = 2, .T = 640, .D = 128, .scale = 0.12f, .max_window = 256,
+		  .lower_bound = 1, .window = 200, .docs = 3, .lo_before = 1 },
 	};
 	return cr_make_param_array(struct mcase, cases, sizeof(cases) / sizeof(cases[0]));
 }
