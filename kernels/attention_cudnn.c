@@ -16,6 +16,15 @@
  * 128; as cudnn-frontend does there, the backward graph then describes the batch as padded
  * sequences whose lengths are all T (a padding mask, GEMM size overrides, int32 lengths in the
  * workspace). If no engine takes that graph, the naive backward runs, decided at plan time.
+ * The speedrun model's mask (ng_attention_plan_masked) adds, after the causal select, the band
+ * of a sliding window the way cudnn-frontend's composite diagonal-band node builds it before
+ * cuDNN 9.21 (col + window > row with the window a by-value FLOAT scalar, its own select), which
+ * is what lets the fused engines skip the tiles outside the band; and the per-query lower bound
+ * lo (B, T) as a [B,1,T,1] int32 tensor (col >= lo[b, row], its own select), after the band or,
+ * if no engine takes that, before the causal select (where the frontend puts its padding mask).
+ * Whether cuDNN's heuristics accept each graph is known only on the GPU; a graph without an
+ * engine falls back to the naive kernels with the reason kept (tools/probe_attention_mask.c
+ * plans each variant and times it).
  * Tensors are logically [B, H, T, D]; the fused QKV layout (B, T, 3, H, D) lives in the strides,
  * so no permutes are needed. K (and V in the backward) enter as transposed views [B, H, D, T].
  *
@@ -29,6 +38,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,11 +53,13 @@
 /* Unique ids of the tensors the caller provides (virtual tensors count up from UID_VIRTUAL). */
 enum {
 	UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_MASK, UID_DO, UID_DQ, UID_DK,
-	UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM, UID_ONE, UID_SEQ_Q, UID_SEQ_KV, UID_VIRTUAL = 100,
+	UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM, UID_ONE, UID_SEQ_Q, UID_SEQ_KV, UID_LO, UID_BAND,
+	UID_WINDOW, UID_VIRTUAL = 100,
 };
 
-/* Most operations in one graph (the backward with the padding-mask workaround has 28). */
-#define MAX_OPS 40
+/* Most operations in one graph (the backward with the padding-mask workaround, the band and
+ * the lower bound has 36). */
+#define MAX_OPS 48
 
 /* A tensor's dims and strides (always 4-D). */
 struct tshape {
@@ -132,7 +144,8 @@ static void add_op(struct builder *b, cudnnBackendDescriptor_t op, const char *w
 		b->ops[b->n_ops++] = op;
 }
 
-/* y = mode(x[, x2][, cond]); math precision `prec`; axis for GEN_INDEX (else ignored). */
+/* y = mode(x[, x2][, cond]); math precision `prec`; the axis is set for GEN_INDEX and, when
+ * positive, for other modes (cudnn-frontend sets axis 3 on the band's index addition). */
 static void pointwise(struct builder *b, cudnnPointwiseMode_t mode, cudnnDataType_t prec,
 		      cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t x2,
 		      cudnnBackendDescriptor_t cond, cudnnBackendDescriptor_t y, int64_t axis,
@@ -142,7 +155,7 @@ static void pointwise(struct builder *b, cudnnPointwiseMode_t mode, cudnnDataTyp
 	float one = 1.0f;
 	set(b, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, what);
 	set(b, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, what);
-	if (mode == CUDNN_POINTWISE_GEN_INDEX)
+	if (mode == CUDNN_POINTWISE_GEN_INDEX || axis > 0)
 		set(b, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, what);
 	finalize(b, pw, what);
 	cudnnBackendDescriptor_t op = new_desc(b, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
@@ -222,22 +235,76 @@ static void reshape(struct builder *b, cudnnBackendDescriptor_t x, cudnnBackendD
 	add_op(b, op, what);
 }
 
+/* The row and column indices of scores x (GEN_INDEX over axes 2 and 3, INT32); row may be
+ * NULL. */
+static cudnnBackendDescriptor_t gen_indices(struct builder *b, cudnnBackendDescriptor_t x,
+					    const struct tshape *ss, cudnnBackendDescriptor_t *row)
+{
+	if (row) {
+		*row = tensor(b, 0, CUDNN_DATA_INT32, ss, 0);
+		pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, *row, 2,
+			  "row index");
+	}
+	cudnnBackendDescriptor_t col = tensor(b, 0, CUDNN_DATA_INT32, ss, 0);
+	pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, col, 3, "col index");
+	return col;
+}
+
+/* keep = mode(l, r) (BOOLEAN math precision), then y = keep ? x : mask (a fresh f32 tensor). */
+static cudnnBackendDescriptor_t select_where(struct builder *b, cudnnPointwiseMode_t mode,
+					     cudnnBackendDescriptor_t l, cudnnBackendDescriptor_t r,
+					     cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t mask,
+					     const struct tshape *ss, const char *what)
+{
+	cudnnBackendDescriptor_t keep = tensor(b, 0, CUDNN_DATA_BOOLEAN, ss, 0);
+	cudnnBackendDescriptor_t y = tensor(b, 0, CUDNN_DATA_FLOAT, ss, 0);
+	pointwise(b, mode, CUDNN_DATA_BOOLEAN, l, r, NULL, keep, 0, what);
+	pointwise(b, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, mask, keep, y, 0, what);
+	return y;
+}
+
 /* The causal mask on a score-shaped f32 tensor: keep x[.., row, col] where row >= col, else the
  * by-value mask tensor (-inf). Index and comparison ops need INT32 / BOOLEAN math precision. */
 static cudnnBackendDescriptor_t causal_mask(struct builder *b, cudnnBackendDescriptor_t x,
 					    cudnnBackendDescriptor_t mask, const struct tshape *ss)
 {
-	cudnnBackendDescriptor_t row = tensor(b, 0, CUDNN_DATA_INT32, ss, 0);
-	cudnnBackendDescriptor_t col = tensor(b, 0, CUDNN_DATA_INT32, ss, 0);
-	cudnnBackendDescriptor_t keep = tensor(b, 0, CUDNN_DATA_BOOLEAN, ss, 0);
-	cudnnBackendDescriptor_t y = tensor(b, 0, CUDNN_DATA_FLOAT, ss, 0);
-	pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, row, 2, "row index");
-	pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, col, 3, "col index");
-	pointwise(b, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, NULL, keep, 0, "row >= col");
-	pointwise(b, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, mask, keep, y, 0,
-		  "causal select");
-	return y;
+	cudnnBackendDescriptor_t row, col = gen_indices(b, x, ss, &row);
+	return select_where(b, CUDNN_POINTWISE_CMP_GE, row, col, x, mask, ss, "row >= col");
 }
+
+/* The band of a sliding window: keep x[.., row, col] where col + width > row (row - col <
+ * width), as cudnn-frontend's composite left-bound mask builds it: the addition computes in the
+ * width's type (FLOAT for the by-value band, INT32 for a device tensor), the comparison in
+ * BOOLEAN, then its own select. */
+static cudnnBackendDescriptor_t band_mask(struct builder *b, cudnnBackendDescriptor_t x,
+					  cudnnBackendDescriptor_t mask,
+					  cudnnBackendDescriptor_t width, cudnnDataType_t wtype,
+					  const struct tshape *ss)
+{
+	cudnnBackendDescriptor_t row, col = gen_indices(b, x, ss, &row);
+	cudnnBackendDescriptor_t colw = tensor(b, 0, wtype, ss, 0);
+	pointwise(b, CUDNN_POINTWISE_ADD, wtype, col, width, NULL, colw, 3, "col + window");
+	return select_where(b, CUDNN_POINTWISE_CMP_GT, colw, row, x, mask, ss,
+			    "col + window > row");
+}
+
+/* The per-query lower bound: keep x[b, .., row, col] where col >= lo[b, row] (lo a [B,1,T,1]
+ * int32 tensor, broadcast over heads and columns). */
+static cudnnBackendDescriptor_t lower_bound_mask(struct builder *b, cudnnBackendDescriptor_t x,
+						 cudnnBackendDescriptor_t mask,
+						 cudnnBackendDescriptor_t lo, const struct tshape *ss)
+{
+	cudnnBackendDescriptor_t col = gen_indices(b, x, ss, NULL);
+	return select_where(b, CUDNN_POINTWISE_CMP_GE, col, lo, x, mask, ss, "col >= lo");
+}
+
+/* The mask's extra inputs of one graph (NULL: not in it). */
+struct mask_in {
+	cudnnBackendDescriptor_t band; /* the band's width: by-value FLOAT or device INT32 scalar */
+	cudnnDataType_t band_type;     /* its type */
+	cudnnBackendDescriptor_t lo;   /* [B,1,T,1] int32 first keys */
+	int lo_before;                 /* 1: select lo before the causal mask, 0: after the band */
+};
 
 /* The padding mask: keep x where row < seq_q[b] and col < seq_kv[b], else the mask value. Only
  * the cuDNN <= 9.15.0 workaround uses it (every length is T), as cudnn-frontend does. */
@@ -275,6 +342,7 @@ struct shapes {
 	struct tshape sst;   /* transposed scores */
 	struct tshape one;   /* by-value scalars [1,1,1,1] */
 	struct tshape seq;   /* per-batch sequence lengths [B,1,1,1] */
+	struct tshape lo;    /* per-query first keys [B,1,T,1] */
 };
 
 static void fill_shapes(struct shapes *s, int64_t B, int64_t H, int64_t T, int64_t D)
@@ -291,10 +359,42 @@ static void fill_shapes(struct shapes *s, int64_t B, int64_t H, int64_t T, int64
 		.sst = {{B, H, T, T}, {H * T * T, T * T, 1, T}},
 		.one = {{1, 1, 1, 1}, {1, 1, 1, 1}},
 		.seq = {{B, 1, 1, 1}, {1, 1, 1, 1}},
+		.lo = {{B, 1, T, 1}, {T, T, 1, 1}},
 	};
 }
 
-static void build_fwd(struct builder *b, const struct shapes *s)
+/* The mask's input tensors of the plan's options (created in every graph that uses them). */
+static struct mask_in mask_inputs(struct builder *b, const struct ng_attention *att,
+				  const struct shapes *s, int lo_before)
+{
+	struct mask_in m = {.lo_before = lo_before};
+	if (att->max_window > 0) {
+		m.band_type = att->band_on_device ? CUDNN_DATA_INT32 : CUDNN_DATA_FLOAT;
+		m.band = tensor(b, att->band_on_device ? UID_WINDOW : UID_BAND, m.band_type, &s->one,
+				!att->band_on_device);
+	}
+	if (att->lower_bound)
+		m.lo = tensor(b, UID_LO, CUDNN_DATA_INT32, &s->lo, 0);
+	return m;
+}
+
+/* The whole mask on scores x: [lower bound,] causal[, band][, lower bound]. */
+static cudnnBackendDescriptor_t score_mask(struct builder *b, cudnnBackendDescriptor_t x,
+					   cudnnBackendDescriptor_t mask, const struct mask_in *m,
+					   const struct tshape *ss)
+{
+	if (m->lo && m->lo_before)
+		x = lower_bound_mask(b, x, mask, m->lo, ss);
+	x = causal_mask(b, x, mask, ss);
+	if (m->band)
+		x = band_mask(b, x, mask, m->band, m->band_type, ss);
+	if (m->lo && !m->lo_before)
+		x = lower_bound_mask(b, x, mask, m->lo, ss);
+	return x;
+}
+
+static void build_fwd(struct builder *b, const struct shapes *s, const struct ng_attention *att,
+		      int lo_before)
 {
 	cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
 	cudnnBackendDescriptor_t q = tensor(b, UID_Q, bf, &s->qkv, 0);
@@ -304,11 +404,12 @@ static void build_fwd(struct builder *b, const struct shapes *s)
 	cudnnBackendDescriptor_t stats = tensor(b, UID_STATS, f, &s->row, 0);
 	cudnnBackendDescriptor_t scale = tensor(b, UID_SCALE, f, &s->one, 1);
 	cudnnBackendDescriptor_t mask = tensor(b, UID_MASK, f, &s->one, 1);
+	struct mask_in m = mask_inputs(b, att, s, lo_before);
 
 	cudnnBackendDescriptor_t sc = tensor(b, 0, f, &s->ss, 0);
 	matmul(b, q, kt, sc, NULL, NULL, NULL, "fwd Q Kt");
 	sc = pw_new(b, CUDNN_POINTWISE_MUL, sc, scale, f, &s->ss, "fwd scale");
-	sc = causal_mask(b, sc, mask, &s->ss);
+	sc = score_mask(b, sc, mask, &m, &s->ss);
 	cudnnBackendDescriptor_t mx = tensor(b, 0, f, &s->row, 0);
 	reduce(b, CUDNN_REDUCE_TENSOR_MAX, sc, mx, "fwd row max");
 	cudnnBackendDescriptor_t e = pw_new(b, CUDNN_POINTWISE_SUB, sc, mx, f, &s->ss, "fwd S - M");
@@ -323,8 +424,10 @@ static void build_fwd(struct builder *b, const struct shapes *s)
 }
 
 /* seqlen: add the padding mask and GEMM size overrides of the cuDNN <= 9.15.0 workaround. */
-static void build_bwd(struct builder *b, const struct shapes *s, int deterministic, int seqlen)
+static void build_bwd(struct builder *b, const struct shapes *s, const struct ng_attention *att,
+		      int lo_before)
 {
+	int deterministic = att->deterministic, seqlen = att->bwd_seqlen;
 	cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
 	cudnnBackendDescriptor_t q = tensor(b, UID_Q, bf, &s->qkv, 0);
 	cudnnBackendDescriptor_t kt = tensor(b, UID_K, bf, &s->kt, 0);
@@ -344,6 +447,7 @@ static void build_bwd(struct builder *b, const struct shapes *s, int determinist
 		sq = tensor(b, UID_SEQ_Q, CUDNN_DATA_INT32, &s->seq, 0);
 		skv = tensor(b, UID_SEQ_KV, CUDNN_DATA_INT32, &s->seq, 0);
 	}
+	struct mask_in m = mask_inputs(b, att, s, lo_before);
 
 	/* softmax_sum = sum_d dO * O (times the constant 1) */
 	cudnnBackendDescriptor_t x = pw_new(b, CUDNN_POINTWISE_MUL, dout, o, f, &s->dodo, "bwd dO O");
@@ -357,7 +461,7 @@ static void build_bwd(struct builder *b, const struct shapes *s, int determinist
 	sc = pw_new(b, CUDNN_POINTWISE_SUB, sc, stats, f, &s->ss, "bwd S - Stats");
 	if (seqlen)
 		sc = padding_mask(b, sc, mask, sq, skv, &s->ss);
-	sc = causal_mask(b, sc, mask, &s->ss);
+	sc = score_mask(b, sc, mask, &m, &s->ss);
 	cudnnBackendDescriptor_t p = pw_new(b, CUDNN_POINTWISE_EXP, sc, NULL, f, &s->ss, "bwd P");
 	/* dV = Pt dO */
 	cudnnBackendDescriptor_t pt = tensor(b, 0, bf, &s->sst, 0);
@@ -468,27 +572,58 @@ static void add_reason(struct ng_attention *att, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* The mask's words in messages: "" for GPT-2's causal mask. */
+static void mask_text(char *buf, size_t n, const struct ng_attention *att, int lo_before)
+{
+	buf[0] = 0;
+	if (!att->max_window && !att->lower_bound)
+		return;
+	char band[48] = "";
+	if (att->max_window)
+		snprintf(band, sizeof(band), " + %s band %d", att->band_on_device ? "device" : "by-value",
+			 att->max_window);
+	snprintf(buf, n, ", mask %scausal%s%s", att->lower_bound && lo_before ? "lower bound + " : "",
+		 band, att->lower_bound && !lo_before ? " + lower bound" : "");
+}
+
 /* Builds one direction's cuDNN plan; on failure, records why and releases it (returns 0). */
-static int try_cudnn(struct ng_attention *att, struct ng_attention_cudnn_plan_ *p, int backward)
+static int try_cudnn(struct ng_attention *att, struct ng_attention_cudnn_plan_ *p, int backward,
+		     int lo_before)
 {
 	struct shapes s;
 	struct builder b = {.p = p, .next_uid = UID_VIRTUAL};
 	fill_shapes(&s, att->B, att->H, att->T, att->D);
 	p->engine = -1;
 	if (backward)
-		build_bwd(&b, &s, att->deterministic, att->bwd_seqlen);
+		build_bwd(&b, &s, att, lo_before);
 	else
-		build_fwd(&b, &s);
+		build_fwd(&b, &s, att, lo_before);
 	build_plan(&b, att->handle);
 	if (!b.st)
 		return 1;
-	char last[256] = "";
+	char last[256] = "", mask[96];
 	cudnnGetLastErrorString(last, sizeof(last));
-	add_reason(att, "cuDNN %zu has no %s engine for B=%d H=%d T=%d D=%d (%s: %s%s%s)",
+	mask_text(mask, sizeof(mask), att, lo_before);
+	add_reason(att, "cuDNN %zu has no %s engine for B=%d H=%d T=%d D=%d%s (%s: %s%s%s)",
 		   att->cudnn_version, backward ? "backward" : "forward", att->B, att->H, att->T,
-		   att->D, b.what, cudnnGetErrorString(b.st), last[0] ? ", " : "", last);
+		   att->D, mask, b.what, cudnnGetErrorString(b.st), last[0] ? ", " : "", last);
 	plan_release(p);
 	return 0;
+}
+
+/* One direction with the lower-bound order the options ask for; under NG_ATTENTION_LO_AUTO
+ * the select after the band first, then before the causal mask. Sets *lo_before to the order
+ * that was built. */
+static int try_cudnn_orders(struct ng_attention *att, struct ng_attention_cudnn_plan_ *p,
+			    int backward, enum ng_attention_lo_order order, int *lo_before)
+{
+	*lo_before = order == NG_ATTENTION_LO_BEFORE;
+	if (try_cudnn(att, p, backward, *lo_before))
+		return 1;
+	if (!att->lower_bound || order != NG_ATTENTION_LO_AUTO)
+		return 0;
+	*lo_before = 1;
+	return try_cudnn(att, p, backward, 1);
 }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -496,6 +631,16 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int B, int H, int T,
 				 int D, int deterministic, int force_naive)
 {
+	return ng_attention_plan_masked(att, h, B, H, T, D, deterministic, force_naive, NULL);
+}
+
+enum ng_status ng_attention_plan_masked(struct ng_attention *att, cudnnHandle_t h, int B, int H,
+					int T, int D, int deterministic, int force_naive,
+					const struct ng_attention_opts *opts)
+{
+	static const struct ng_attention_opts none;
+	if (!opts)
+		opts = &none;
 	memset(att, 0, sizeof(*att));
 	att->fwd.engine = att->bwd.engine = -1;
 	if (B <= 0 || H <= 0 || T <= 0 || D <= 0 || D > 256) {
@@ -504,11 +649,22 @@ enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int 
 		ng_hint("choose --channels / --heads so that channels/heads is at most 256");
 		return NG_ERR_INPUT;
 	}
+	if (opts->max_window < 0 || !(opts->scale >= 0.0f) || isinf(opts->scale) ||
+	    (opts->band_on_device && opts->max_window <= 0) ||
+	    (unsigned)opts->lo_order > NG_ATTENTION_LO_BEFORE)
+		return ng_fail(NG_ERR_INPUT, "attention: bad mask options (max_window %d, scale %g, "
+			       "band_on_device %d, lo_order %d): need max_window >= 0, a finite "
+			       "scale >= 0, and max_window > 0 for a device band", opts->max_window,
+			       (double)opts->scale, opts->band_on_device, (int)opts->lo_order);
 	att->B = B, att->H = H, att->T = T, att->D = D;
 	att->deterministic = deterministic != 0;
+	att->max_window = opts->max_window;
+	att->lower_bound = opts->lower_bound != 0;
+	att->band_on_device = opts->band_on_device != 0;
+	att->band = (float)opts->max_window;
 	att->handle = h;
 	att->cudnn_version = h ? cudnnGetVersion() : 0;
-	att->scale = 1.0f / sqrtf((float)D);
+	att->scale = opts->scale > 0.0f ? opts->scale : 1.0f / sqrtf((float)D);
 	/* Before 9.10 the mask value had to be finite. */
 	att->mask_value = att->cudnn_version >= 91000 ? -INFINITY : -FLT_MAX;
 	att->one = 1.0f;
@@ -522,14 +678,14 @@ enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int 
 		add_reason(att, "cuDNN %zu needs D a multiple of 8, got B=%d H=%d T=%d D=%d",
 			   att->cudnn_version, B, H, T, D);
 	} else {
-		if (try_cudnn(att, &att->fwd, 0))
+		if (try_cudnn_orders(att, &att->fwd, 0, opts->lo_order, &att->fwd_lo_before))
 			att->fwd_backend = NG_ATTENTION_BACKEND_CUDNN;
 		/* cuDNN <= 9.15.0 backward reads out of bounds under graph replay when T is not a
 		 * multiple of 128 (docs/GPU.md). Like cudnn-frontend, describe the sequences as
 		 * padded (lengths all T): a padding mask and GEMM size overrides. If that has no
 		 * engine, the naive backward runs. */
 		att->bwd_seqlen = att->cudnn_version < 91501 && T % 128;
-		if (try_cudnn(att, &att->bwd, 1))
+		if (try_cudnn_orders(att, &att->bwd, 1, opts->lo_order, &att->bwd_lo_before))
 			att->bwd_backend = NG_ATTENTION_BACKEND_CUDNN;
 		else
 			att->bwd_seqlen = 0;
@@ -550,18 +706,25 @@ enum ng_status ng_attention_plan(struct ng_attention *att, cudnnHandle_t h, int 
 	}
 
 	const char *names[2] = {"cuDNN", "naive CUDA"};
-	char ver[32] = "";
+	char ver[32] = "", mask[96];
 	if (att->cudnn_version)
 		snprintf(ver, sizeof(ver), " (cuDNN %zu)", att->cudnn_version);
+	mask_text(mask, sizeof(mask), att, att->fwd_lo_before);
+	int naive = att->fwd_backend == NG_ATTENTION_BACKEND_NAIVE ||
+		    att->bwd_backend == NG_ATTENTION_BACKEND_NAIVE;
 	snprintf(att->text, sizeof(att->text),
-		 "attention B=%d H=%d T=%d D=%d%s: forward %s engine %lld, backward %s engine %lld%s%s, "
-		 "workspace fwd %zu B bwd %zu B%s%s",
-		 B, H, T, D, ver, names[att->fwd_backend], (long long)att->fwd.engine,
-		 names[att->bwd_backend], (long long)att->bwd.engine,
+		 "attention B=%d H=%d T=%d D=%d%s, scale %.6g%s: forward %s engine %lld, backward %s "
+		 "engine %lld%s%s%s, workspace fwd %zu B bwd %zu B%s%s",
+		 B, H, T, D, ver, (double)att->scale, mask, names[att->fwd_backend],
+		 (long long)att->fwd.engine, names[att->bwd_backend], (long long)att->bwd.engine,
 		 att->deterministic ? " (deterministic)" : "",
 		 att->bwd_seqlen ? " (padding-mask workaround: cuDNN <= 9.15.0, T not a multiple of "
-				   "128)" : "", att->fwd_ws, att->bwd_ws,
-		 att->reason[0] ? "; fallback: " : "", att->reason);
+				   "128)" : "",
+		 att->lower_bound && att->bwd_lo_before != att->fwd_lo_before
+			 ? (att->bwd_lo_before ? " (backward: lower bound first)"
+					       : " (backward: lower bound last)") : "",
+		 att->fwd_ws, att->bwd_ws, att->reason[0] ? (naive ? "; fallback: " : "; notes: ") : "",
+		 att->reason);
 	return NG_OK;
 }
 
@@ -593,48 +756,117 @@ static enum ng_status run_plan(const struct ng_attention *att, cudnnBackendDescr
 	return st;
 }
 
+/* The mask inputs a call must bring, and the cuDNN tensors' 16-byte alignment. */
+static enum ng_status check_mask_args(const struct ng_attention *att, const char *who,
+				      enum ng_attention_backend backend, const int32_t *lo,
+				      const int32_t *window)
+{
+	if (att->lower_bound && !lo)
+		return ng_check_arg_fail(who, "the plan has a lower bound: lo (B=%d, T=%d) int32 is "
+					 "required", att->B, att->T);
+	if (att->band_on_device && !window)
+		return ng_check_arg_fail(who, "the plan's band is on the device: the window "
+					 "(int32 scalar) is required");
+	if (backend == NG_ATTENTION_BACKEND_CUDNN &&
+	    ((att->lower_bound && (uintptr_t)lo % 16) ||
+	     (att->band_on_device && (uintptr_t)window % 16)))
+		return ng_check_arg_fail(who, "lo %p and window %p must be 16-byte aligned for cuDNN",
+					 (const void *)lo, (const void *)window);
+	return NG_OK;
+}
+
+/* The naive kernels' view of the plan's mask. */
+static struct ng_attention_naive_mask_ naive_mask(const struct ng_attention *att,
+						  const int32_t *lo, const int32_t *window)
+{
+	struct ng_attention_naive_mask_ m = {
+		.scale = att->scale,
+		.window = att->max_window,
+		.window_dev = att->band_on_device ? window : NULL,
+		.lo = att->lower_bound ? lo : NULL,
+	};
+	return m;
+}
+
+/* Appends the mask's inputs (lo, the band's width) to a variant pack. */
+static int add_mask_ptrs(const struct ng_attention *att, int64_t *uids, void **ptrs, int n,
+			 const int32_t *lo, const int32_t *window)
+{
+	if (att->lower_bound)
+		uids[n] = UID_LO, ptrs[n++] = (void *)lo;
+	if (att->max_window > 0 && att->band_on_device)
+		uids[n] = UID_WINDOW, ptrs[n++] = (void *)window;
+	else if (att->max_window > 0)
+		uids[n] = UID_BAND, ptrs[n++] = (void *)&att->band;
+	return n;
+}
+
 enum ng_status ng_attention_fwd(const struct ng_attention *att, ng_bf16 *out, float *lse,
 				const ng_bf16 *qkv, void *workspace, cudaStream_t s)
 {
+	return ng_attention_fwd_masked(att, out, lse, qkv, NULL, NULL, workspace, s);
+}
+
+enum ng_status ng_attention_fwd_masked(const struct ng_attention *att, ng_bf16 *out, float *lse,
+				       const ng_bf16 *qkv, const int32_t *lo,
+				       const int32_t *window, void *workspace, cudaStream_t s)
+{
 	size_t C = (size_t)att->H * att->D;
+	enum ng_status st = check_mask_args(att, "ng_attention_fwd", att->fwd_backend, lo, window);
+	if (st)
+		return st;
 	if (att->fwd_backend == NG_ATTENTION_BACKEND_NAIVE)
 		return NG_CUDA_CHECK(ng_attention_naive_fwd_(out, lse, qkv, att->B, att->H, att->T,
-							     att->D, s));
-	int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_MASK};
-	void *ptrs[] = {(void *)qkv, (void *)(qkv + C), (void *)(qkv + 2 * C), out, lse,
-			(void *)&att->scale, (void *)&att->mask_value};
-	return run_plan(att, att->fwd.plan, uids, ptrs, 7, workspace, s);
+							     att->D, naive_mask(att, lo, window), s));
+	int64_t uids[10] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_MASK};
+	void *ptrs[10] = {(void *)qkv, (void *)(qkv + C), (void *)(qkv + 2 * C), out, lse,
+			  (void *)&att->scale, (void *)&att->mask_value};
+	int n = add_mask_ptrs(att, uids, ptrs, 7, lo, window);
+	return run_plan(att, att->fwd.plan, uids, ptrs, n, workspace, s);
 }
 
 enum ng_status ng_attention_bwd(const struct ng_attention *att, ng_bf16 *dqkv, const ng_bf16 *dout,
 				const ng_bf16 *qkv, const ng_bf16 *out, const float *lse,
 				void *workspace, cudaStream_t s)
 {
+	return ng_attention_bwd_masked(att, dqkv, dout, qkv, out, lse, NULL, NULL, workspace, s);
+}
+
+enum ng_status ng_attention_bwd_masked(const struct ng_attention *att, ng_bf16 *dqkv,
+				       const ng_bf16 *dout, const ng_bf16 *qkv, const ng_bf16 *out,
+				       const float *lse, const int32_t *lo, const int32_t *window,
+				       void *workspace, cudaStream_t s)
+{
 	size_t C = (size_t)att->H * att->D;
 	char *ws = workspace;
+	enum ng_status st = check_mask_args(att, "ng_attention_bwd", att->bwd_backend, lo, window);
+	if (st)
+		return st;
 	if (att->bwd_backend == NG_ATTENTION_BACKEND_NAIVE)
 		return NG_CUDA_CHECK(ng_attention_naive_bwd_(dqkv, (float *)(ws + att->bwd_sum_off),
 							     dout, qkv, out, lse, att->B, att->H,
-							     att->T, att->D, s));
+							     att->T, att->D,
+							     naive_mask(att, lo, window), s));
 	int *seq = (int *)(ws + att->bwd_seq_off);
-	int64_t uids[16] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_SCALE, UID_MASK,
+	int64_t uids[20] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_SCALE, UID_MASK,
 			    UID_ONE, UID_DQ, UID_DK, UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM};
-	void *ptrs[16] = {(void *)qkv, (void *)(qkv + C), (void *)(qkv + 2 * C), (void *)out,
+	void *ptrs[20] = {(void *)qkv, (void *)(qkv + C), (void *)(qkv + 2 * C), (void *)out,
 			  (void *)dout, (void *)lse, (void *)&att->scale, (void *)&att->mask_value,
 			  (void *)&att->one, dqkv, dqkv + C, dqkv + 2 * C, ws + att->bwd_sum_off,
 			  ws + att->bwd_accum_off};
 	int n = att->deterministic ? 13 : 14;
 	if (att->bwd_seqlen) {
 		/* every sequence has length T: written here so a captured graph holds it too */
-		enum ng_status st = NG_CUDA_CHECK(ng_attention_fill_i32_(seq, 2 * att->B, att->T, s));
+		st = NG_CUDA_CHECK(ng_attention_fill_i32_(seq, 2 * att->B, att->T, s));
 		if (st)
 			return st;
 		uids[n] = UID_SEQ_Q, ptrs[n++] = seq;
 		uids[n] = UID_SEQ_KV, ptrs[n++] = seq + att->B;
 	}
+	n = add_mask_ptrs(att, uids, ptrs, n, lo, window);
 	/* Before 9.6 the engine expected a zeroed dQ_accum (cudnn-frontend memsets it there). */
 	if (!att->deterministic && att->cudnn_version < 90600) {
-		enum ng_status st = NG_CUDA_CHECK(cudaMemsetAsync(
+		st = NG_CUDA_CHECK(cudaMemsetAsync(
 			ws + att->bwd_accum_off, 0,
 			(size_t)att->B * att->H * att->T * att->D * sizeof(float), s));
 		if (st)

@@ -1,30 +1,37 @@
 /*
- * kernels/attention_naive.cu — causal attention in plain CUDA: the fallback when cuDNN has no
- * engine for a shape (or when asked), and a second witness in the tests. Correct for every
- * shape with D <= 256; simpler and slower than flash attention; deterministic (no atomics); no
- * allocation, so it can be recorded inside a CUDA graph.
+ * kernels/attention_naive.cu — masked causal attention in plain CUDA: the fallback when cuDNN
+ * has no engine for a shape or mask (or when asked), and the oracle of the cuDNN backend on the
+ * GPU. Correct for every shape with D <= 256; simpler and slower than flash attention;
+ * deterministic (no atomics); no allocation, so it can be recorded inside a CUDA graph.
+ *
+ * The mask (kernels/attention.h): query t sees keys first(t) .. t, first(t) = max(0,
+ * t - window + 1, min(lo[b, t], t)) (lo clamped to t: a query always sees itself, so no row is
+ * empty). The loops start at first(t) instead of masking from 0, so a window of w tokens costs
+ * ~T w rather than T^2; the key-row kernel walks the queries t >= s upwards and stops at the
+ * first chunk of 32 that cannot see s (lo is non-decreasing in t, so none after it can).
  *
  * Algorithm: one warp per output row. The 32 lanes take 32 keys (or queries) at a time: each
  * lane computes a full D-long dot product for its key, the warp reduces max/sum with shuffles
  * (online softmax, as in FlashAttention), then each lane accumulates its own D/32 columns of the
  * output while the 32 probabilities are broadcast by shuffles. Accumulation in fp32.
- *   forward:  o_t = sum_{s<=t} softmax_s(scale q_t.k_s) v_s,  lse_t = log sum_s exp(scale q_t.k_s)
+ *   forward:  o_t = sum_{s visible} softmax_s(scale q_t.k_s) v_s,  lse_t = log sum_s exp(...)
  *   backward: rowdot_t = dout_t . o_t;  p_ts = exp(scale q_t.k_s - lse_t)
  *             ds_ts = p_ts (dout_t . v_s - rowdot_t) scale
- *             dq_t = sum_{s<=t} ds_ts k_s   (warp per query row)
- *             dk_s = sum_{t>=s} ds_ts q_t,  dv_s = sum_{t>=s} p_ts dout_t   (warp per key row)
+ *             dq_t = sum_{s visible to t} ds_ts k_s   (warp per query row)
+ *             dk_s = sum_{t seeing s} ds_ts q_t,  dv_s = sum_{t seeing s} p_ts dout_t
+ *             (warp per key row)
  * Shapes: qkv/dqkv (B,T,3,H,D), out/dout (B,T,H,D) bf16; lse/rowdot (B,H,T) fp32.
  *
  * Also here: ng_attention_fill_i32_, which writes the sequence lengths of the cuDNN padding-mask
  * workaround (attention_cudnn.c) into the workspace.
  * The entry points return the launch's cudaError_t; ng_attention_plan (attention_cudnn.c)
- * validates the shape and wraps them in NG_CUDA_CHECK. This file includes no project header that
- * pulls in util/status.h, whose C++ guard does not compile under nvcc today.
+ * validates the shape and wraps them in NG_CUDA_CHECK.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/attention.h"
 #include "kernels/types.h"
 
 #define WARPS_PER_BLOCK 4
@@ -34,11 +41,14 @@
 
 typedef __nv_bfloat16 bf16;
 
-/* The shape and strides every kernel needs. */
+/* The shape, mask and scale every kernel needs. */
 struct attn_shape {
 	int B, H, T, D;
-	float scale;    /* 1/sqrt(D) */
-	int vec;        /* 1: rows are 16-byte aligned and D % 8 == 0, load 8 bf16 at a time */
+	float scale;       /* softmax scale */
+	int vec;           /* 1: rows are 16-byte aligned and D % 8 == 0, load 8 bf16 at a time */
+	int window;        /* the band (tokens), 0: none */
+	const int32_t *wdev; /* device band width, capped at window (NULL: window alone) */
+	const int32_t *lo; /* (B, T) int32 first keys, or NULL */
 };
 
 static __device__ float warp_max(float x)
@@ -66,6 +76,27 @@ static __device__ const bf16 *qkv_row(const bf16 *qkv, const struct attn_shape &
 static __device__ size_t o_off(const struct attn_shape &sh, int b, int t, int h)
 {
 	return (((size_t)b * sh.T + t) * sh.H + h) * sh.D;
+}
+
+/* The band's width this launch uses (0: none); read once per warp. */
+static __device__ int band_width(const struct attn_shape &sh)
+{
+	int w = sh.window;
+	if (sh.wdev) {
+		int d = *sh.wdev;
+		if (d > 0 && d < w)
+			w = d;
+	}
+	return w;
+}
+
+/* The first key query t of sequence b sees (kernels/attention.h's mask), band width w. */
+static __device__ int first_key(const struct attn_shape &sh, int w, int b, int t)
+{
+	int s0 = w > 0 ? max(0, t - w + 1) : 0;
+	if (sh.lo)
+		s0 = max(s0, min(sh.lo[(size_t)b * sh.T + t], t));
+	return s0;
 }
 
 /* The row this warp owns (-1 past the end) and its (b, h); bh = b * H + h. */
@@ -126,12 +157,12 @@ static __global__ void attention_fwd_warp_per_row(bf16 *out, float *lse, const b
 #pragma unroll
 	for (int i = 0; i < MAX_PER_LANE; i++)
 		acc[i] = 0.0f;
-	for (int base = 0; base <= t; base += 32) {
+	for (int base = first_key(sh, band_width(sh), b, t); base <= t; base += 32) {
 		int s = base + lane;
 		float sc = -INFINITY;
 		if (s <= t)
 			sc = dot_shared_global(q, qkv_row(qkv, sh, b, s, 1, h), sh) * sh.scale;
-		float mn = fmaxf(m, warp_max(sc)); /* finite: lane 0's key is always visible */
+		float mn = fmaxf(m, warp_max(sc)); /* finite: lane 0's key (s = base <= t) is visible */
 		float corr = expf(m - mn);
 		float p = s <= t ? expf(sc - mn) : 0.0f;
 		l = l * corr + warp_sum(p);
@@ -199,7 +230,7 @@ static __global__ void attention_bwd_dq_warp_per_row(bf16 *dqkv, const float *ro
 #pragma unroll
 	for (int i = 0; i < MAX_PER_LANE; i++)
 		acc[i] = 0.0f;
-	for (int base = 0; base <= t; base += 32) {
+	for (int base = first_key(sh, band_width(sh), b, t); base <= t; base += 32) {
 		int s = base + lane;
 		float ds = 0.0f;
 		if (s <= t) {
@@ -229,7 +260,9 @@ static __global__ void attention_bwd_dq_warp_per_row(bf16 *dqkv, const float *ro
 	}
 }
 
-/* dk and dv rows of dqkv; warp per key row s, lanes over queries t >= s. */
+/* dk and dv rows of dqkv; warp per key row s, lanes over the queries t >= s that see s: those
+ * below s + window whose first key is at most s, a prefix of them since first_key is
+ * non-decreasing in t. */
 static __global__ void attention_bwd_dkdv_warp_per_row(bf16 *dqkv, const float *rowdot,
 						       const bf16 *dout, const bf16 *qkv,
 						       const float *lse, struct attn_shape sh)
@@ -249,17 +282,22 @@ static __global__ void attention_bwd_dkdv_warp_per_row(bf16 *dqkv, const float *
 #pragma unroll
 	for (int i = 0; i < MAX_PER_LANE; i++)
 		dk[i] = dv[i] = 0.0f;
-	for (int base = s; base < sh.T; base += 32) {
+	int w = band_width(sh);
+	int end = w > 0 ? min(sh.T, s + w) : sh.T; /* queries s .. end-1 */
+	for (int base = s; base < end; base += 32) {
 		int t = base + lane;
+		bool sees = t < end && first_key(sh, w, b, t) <= s;
+		if (!__any_sync(FULL_MASK, sees))
+			break; /* this chunk sees nothing: neither does any later one */
 		float ds = 0.0f, p = 0.0f;
-		if (t < sh.T) {
+		if (sees) {
 			const bf16 *dot = dout + o_off(sh, b, t, h);
 			p = expf(dot_shared_global(k, qkv_row(qkv, sh, b, t, 0, h), sh) * sh.scale -
 				 lse_bh[t]);
 			float dp = dot_shared_global(v, dot, sh);
 			ds = p * (dp - rd_bh[t]) * sh.scale;
 		}
-		int nq = min(32, sh.T - base);
+		int nq = min(32, end - base); /* lanes past the prefix carry ds = p = 0 */
 		for (int j = 0; j < nq; j++) {
 			float dsj = __shfl_sync(FULL_MASK, ds, j);
 			float pj = __shfl_sync(FULL_MASK, p, j);
@@ -289,7 +327,8 @@ static __global__ void attention_bwd_dkdv_warp_per_row(bf16 *dqkv, const float *
 
 /* Fills `sh` and the grid size; the plan has validated the shape (1 <= D <= MAX_D). */
 static unsigned naive_setup(struct attn_shape *sh, int B, int H, int T, int D,
-			    const void *const *ptrs, int n_ptrs)
+			    const struct ng_attention_naive_mask_ &m, const void *const *ptrs,
+			    int n_ptrs)
 {
 	int vec = D % 8 == 0;
 	for (int i = 0; i < n_ptrs; i++)
@@ -299,17 +338,21 @@ static unsigned naive_setup(struct attn_shape *sh, int B, int H, int T, int D,
 	sh->H = H;
 	sh->T = T;
 	sh->D = D;
-	sh->scale = 1.0f / sqrtf((float)D);
+	sh->scale = m.scale;
 	sh->vec = vec;
+	sh->window = m.window > 0 ? m.window : 0;
+	sh->wdev = sh->window ? m.window_dev : NULL;
+	sh->lo = m.lo;
 	return (unsigned)((size_t)B * H * ((T + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK));
 }
 
 extern "C" cudaError_t ng_attention_naive_fwd_(ng_bf16 *out, float *lse, const ng_bf16 *qkv,
-					       int B, int H, int T, int D, cudaStream_t s)
+					       int B, int H, int T, int D,
+					       struct ng_attention_naive_mask_ m, cudaStream_t s)
 {
 	struct attn_shape sh;
 	const void *ptrs[] = {qkv};
-	unsigned blocks = naive_setup(&sh, B, H, T, D, ptrs, 1);
+	unsigned blocks = naive_setup(&sh, B, H, T, D, m, ptrs, 1);
 	attention_fwd_warp_per_row<<<blocks, WARPS_PER_BLOCK * 32, 0, s>>>(
 		(bf16 *)out, lse, (const bf16 *)qkv, sh);
 	return cudaGetLastError();
@@ -318,11 +361,11 @@ extern "C" cudaError_t ng_attention_naive_fwd_(ng_bf16 *out, float *lse, const n
 extern "C" cudaError_t ng_attention_naive_bwd_(ng_bf16 *dqkv, float *rowdot, const ng_bf16 *dout,
 					       const ng_bf16 *qkv, const ng_bf16 *out,
 					       const float *lse, int B, int H, int T, int D,
-					       cudaStream_t s)
+					       struct ng_attention_naive_mask_ m, cudaStream_t s)
 {
 	struct attn_shape sh;
 	const void *ptrs[] = {qkv, dout};
-	unsigned blocks = naive_setup(&sh, B, H, T, D, ptrs, 2);
+	unsigned blocks = naive_setup(&sh, B, H, T, D, m, ptrs, 2);
 	cudaError_t e;
 	attention_bwd_rowdot_warp_per_row<<<blocks, WARPS_PER_BLOCK * 32, 0, s>>>(
 		rowdot, (const bf16 *)dout, (const bf16 *)out, sh);

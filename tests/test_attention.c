@@ -3,9 +3,9 @@
  * double-precision reference of graph/cpu_ops.h.
  *
  * Tolerance: the FlashAttention rule of docs/CONTRIBUTING.md. Next to the kernel we run a naive
- * bf16 computation on the CPU (what PyTorch's bf16 math path does: every matmul output, the
- * scaled scores, the probabilities and the gradients rounded to bf16, fp32 accumulation) and
- * require
+ * bf16 computation on the CPU (tests/attention_testing.h: what PyTorch's bf16 math path does,
+ * every matmul output, the scaled scores, the probabilities and the gradients rounded to bf16,
+ * fp32 accumulation) and require
  *     max|kernel - fp64| <= 2 * max|naive bf16 - fp64| + atol,
  * atol = one bf16 ulp at the largest reference magnitude (2^-8 * max|ref|) for bf16 outputs and
  * 1e-5 * max(1, max|ref|) for the fp32 log-sum-exp.
@@ -27,6 +27,7 @@
 #include "graph/cpu_ops.h"
 #include "kernels/attention.h"
 #include "kernels/check.h"
+#include "tests/attention_testing.h"
 #include "util/rng.h"
 
 static ng_bf16 f2bf(float f)
@@ -47,119 +48,10 @@ static float bf2f(ng_bf16 b)
 	return f;
 }
 
-static float rbf(float x) { return bf2f(f2bf(x)); }
-
 static uint64_t fresh_seed(void)
 {
 	static uint64_t n;
 	return (uint64_t)time(NULL) * 1000003u + (uint64_t)clock() + 7919u * ++n;
-}
-
-/* The naive bf16 attention (forward and backward) on the CPU, the "low precision" witness. */
-static void lowp_attention(float *out, float *lse, float *dqkv, const float *qkv, const float *dout,
-			   int B, int H, int T, int D)
-{
-	size_t C3 = (size_t)3 * H * D;
-	float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for schedule(dynamic)
-	for (int bh = 0; bh < B * H; bh++) {
-		int b = bh / H, h = bh % H;
-		float *p = malloc(sizeof(float) * (size_t)T * 2);
-		float *acc = calloc((size_t)2 * T * D + D, sizeof(float));
-		float *dp = p + T, *dk = acc, *dv = acc + (size_t)T * D, *tmp = acc + (size_t)2 * T * D;
-#define ROW(t, sec) (qkv + ((size_t)b * T + (t)) * C3 + (size_t)((sec) * H + h) * D)
-		for (int t = 0; t < T; t++) {
-			const float *q = ROW(t, 0);
-			float m = -INFINITY;
-			for (int j = 0; j <= t; j++) {
-				const float *k = ROW(j, 1);
-				float s = 0.0f;
-				for (int d = 0; d < D; d++)
-					s += q[d] * k[d];
-				p[j] = rbf(rbf(s) * scale);
-				m = fmaxf(m, p[j]);
-			}
-			float sum = 0.0f;
-			for (int j = 0; j <= t; j++)
-				sum += (p[j] = expf(p[j] - m));
-			lse[(size_t)bh * T + t] = m + logf(sum);
-			for (int j = 0; j <= t; j++)
-				p[j] = rbf(p[j] / sum);
-			const float *dO = dout + (((size_t)b * T + t) * H + h) * D;
-			float *o = out + (((size_t)b * T + t) * H + h) * D;
-			for (int d = 0; d < D; d++)
-				tmp[d] = 0.0f;
-			float pdp = 0.0f;
-			for (int j = 0; j <= t; j++) {
-				const float *v = ROW(j, 2);
-				float a = 0.0f;
-				for (int d = 0; d < D; d++) {
-					tmp[d] += p[j] * v[d];
-					a += dO[d] * v[d];
-					dv[(size_t)j * D + d] += p[j] * dO[d];
-				}
-				dp[j] = rbf(a);
-				pdp += p[j] * dp[j];
-			}
-			for (int d = 0; d < D; d++)
-				o[d] = rbf(tmp[d]), tmp[d] = 0.0f;
-			for (int j = 0; j <= t; j++) {
-				float ds = rbf(rbf(p[j] * (dp[j] - pdp)) * scale);
-				const float *k = ROW(j, 1);
-				for (int d = 0; d < D; d++) {
-					tmp[d] += ds * k[d];
-					dk[(size_t)j * D + d] += ds * q[d];
-				}
-			}
-			float *dq = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * D;
-			for (int d = 0; d < D; d++)
-				dq[d] = rbf(tmp[d]);
-		}
-		for (int j = 0; j < T; j++)
-			for (int d = 0; d < D; d++) {
-				size_t r = ((size_t)b * T + j) * C3;
-				dqkv[r + (size_t)(H + h) * D + d] = rbf(dk[(size_t)j * D + d]);
-				dqkv[r + (size_t)(2 * H + h) * D + d] = rbf(dv[(size_t)j * D + d]);
-			}
-#undef ROW
-		free(p);
-		free(acc);
-	}
-}
-
-/* Max abs error of got vs ref (and the worst index, rel error there); max |ref|. */
-struct err {
-	double abs, rel, ref_max;
-	size_t worst;
-};
-
-static struct err compare(const float *got, const double *ref, size_t n)
-{
-	struct err e = {0, 0, 0, 0};
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - ref[i]);
-		if (fabs(ref[i]) > e.ref_max)
-			e.ref_max = fabs(ref[i]);
-		if (d > e.abs || isnan(d)) {
-			e.abs = isnan(d) ? INFINITY : d;
-			e.worst = i;
-		}
-	}
-	e.rel = e.abs / fmax(fabs(ref[e.worst]), 1e-6);
-	return e;
-}
-
-static void check_rule(const char *what, const float *got, const float *lowp, const double *ref,
-		       size_t n, double atol_rel, double atol_floor, const char *ctx)
-{
-	struct err k = compare(got, ref, n), l = compare(lowp, ref, n);
-	double atol = fmax(atol_rel * k.ref_max, atol_floor);
-	double bound = 2.0 * l.abs + atol;
-	cr_expect(k.abs <= bound,
-		  "%s %s: max abs err %.3e > bound %.3e (2 x naive bf16 err %.3e + atol %.2e); max rel "
-		  "err %.3e at index %zu (got %.6f ref %.6f)",
-		  ctx, what, k.abs, bound, l.abs, atol, k.rel, k.worst, got[k.worst], ref[k.worst]);
-	cr_log_info("%s %s: err %.3e, naive bf16 err %.3e, bound %.3e", ctx, what, k.abs, l.abs, bound);
 }
 
 /* Device buffers of one problem. */
@@ -307,15 +199,16 @@ ParameterizedTest(struct acase *c, attention, matches_reference, .timeout = 300)
 		dout_f[i] = bf2f(dout[i]), dout_d[i] = dout_f[i], out_g[i] = bf2f(out[i]);
 	ng_ref_attention_fwd(out_r, lse_r, qkv_d, B, T, H, D);
 	ng_ref_attention_bwd(dqkv_r, dout_d, qkv_d, B, T, H, D);
-	lowp_attention(out_l, lse_l, dqkv_l, qkv_f, dout_f, B, H, T, D);
+	at_lowp_attention(out_l, lse_l, dqkv_l, qkv_f, dout_f, NULL, 1.0f / sqrtf((float)D), B, H, T,
+			  D);
 
-	check_rule("out", out_g, out_l, out_r, n_o, 0x1p-8, 0.0, ctx);
-	check_rule("lse", lse, lse_l, lse_r, n_l, 1e-5, 1e-5, ctx);
+	at_check_rule("out", out_g, out_l, out_r, n_o, 0x1p-8, 0.0, ctx);
+	at_check_rule("lse", lse, lse_l, lse_r, n_l, 1e-5, 1e-5, ctx);
 	double se = 0.0, ss = 0.0; /* fp32 output: also NMSE <= 1e-7 (docs/CONTRIBUTING.md) */
 	for (size_t i = 0; i < n_l; i++)
 		se += (lse[i] - lse_r[i]) * (lse[i] - lse_r[i]), ss += lse_r[i] * lse_r[i];
 	cr_expect(se <= 1e-7 * ss, "%s lse: NMSE %.3e > 1e-7", ctx, se / ss);
-	check_rule("dqkv", dqkv_g, dqkv_l, dqkv_r, n_qkv, 0x1p-8, 0.0, ctx);
+	at_check_rule("dqkv", dqkv_g, dqkv_l, dqkv_r, n_qkv, 0x1p-8, 0.0, ctx);
 
 	dev_free(&d);
 	ng_attention_free(&att);
