@@ -12,8 +12,9 @@
 void ng_muon_groups(const struct ng_gpt_config *cfg, struct ng_muon_group out[NG_MUON_GROUPS])
 {
 	int L = cfg->L, C = cfg->C;
-	out[0] = (struct ng_muon_group){ NG_P_QKVW, 3 * L, C, C, 1.0 };
-	out[1] = (struct ng_muon_group){ NG_P_ATTPROJW, L, C, C, 1.0 };
+	int La = cfg->arch == NG_ARCH_SPEEDRUN ? L - 1 : L; /* blocks with attention */
+	out[0] = (struct ng_muon_group){ NG_P_QKVW, 3 * La, C, C, 1.0 };
+	out[1] = (struct ng_muon_group){ NG_P_ATTPROJW, La, C, C, 1.0 };
 	out[2] = (struct ng_muon_group){ NG_P_FCW, L, 4 * C, C, 2.0 };
 	out[3] = (struct ng_muon_group){ NG_P_FCPROJW, L, C, 4 * C, 1.0 };
 }
@@ -23,8 +24,10 @@ int ng_muon_adam_group_of(enum ng_param_id p)
 	switch (p) {
 	case NG_P_QKVW: case NG_P_ATTPROJW: case NG_P_FCW: case NG_P_FCPROJW:
 		return -1;
-	case NG_P_WTE: case NG_P_WPE:
+	case NG_P_WTE: case NG_P_WPE: case NG_P_VE:
 		return NG_MUON_ADAM_EMBED;
+	case NG_P_HEADW:
+		return NG_MUON_ADAM_HEAD;
 	default:
 		return NG_MUON_ADAM_SCALAR;
 	}

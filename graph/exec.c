@@ -224,6 +224,7 @@ void ng_exec_free(struct ng_exec *e)
 	if (e->mmctx.lt)
 		ng_matmul_ctx_free(&e->mmctx);
 	ng_attention_free(&e->att);
+	ng_attention_free(&e->att_short);
 	if (e->cudnn)
 		cudnnDestroy(e->cudnn);
 	for (int i = 0; i < NG_EXEC_RING; i++)

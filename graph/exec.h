@@ -104,7 +104,9 @@ struct ng_exec {
 	cudaEvent_t side_fork, side_join; /* its fork from stream, and its join before ENCODER_BWD */
 	cudnnHandle_t cudnn;
 	struct ng_matmul_ctx mmctx;
-	struct ng_attention att;       /* one plan: every layer has the same shape */
+	struct ng_attention att;       /* one plan: every layer has the same shape (the speedrun
+	                                * model: its long-window blocks') */
+	struct ng_attention att_short; /* the speedrun model's short-window blocks */
 	struct ng_exec_matmul plans[NG_EXEC_MAX_PLANS];
 	int n_plans;
 	int *train_plan;               /* per train op: index into plans, or -1 */

@@ -30,6 +30,8 @@ static void *pp(const struct ng_exec *e, const struct ng_graph *g, int base, int
 {
 	const struct ng_param_spec *p = &g->lay.p[id];
 	size_t el = ng_dtype_size(g->tensors[base].dtype);
+	if (g->cfg.arch == NG_ARCH_SPEEDRUN && (id == NG_P_QKVW || id == NG_P_ATTPROJW))
+		layer = ng_spr_attn_slot(&g->cfg, layer); /* the block without attention has none */
 	size_t off = p->offset + (p->per_layer && layer > 0 ? (size_t)layer * (p->numel / p->shape[0])
 							    : 0);
 	return (char *)ng_exec_tensor_(e, g, base) + off * el;
@@ -514,6 +516,10 @@ enum ng_status ng_exec_run_op_(struct ng_exec *e, const struct ng_graph *g, cons
 	cudaStream_t s = e->stream;
 	void *scratch = op->scratch >= 0 ? ng_exec_tensor_(e, g, op->scratch) : NULL;
 	ng_check_set_node(op->name);
+	if (op->kind >= NG_OP_SCALARS ||
+	    (g->cfg.arch == NG_ARCH_SPEEDRUN &&
+	     (op->kind == NG_OP_ATTENTION_FWD || op->kind == NG_OP_ATTENTION_BWD)))
+		return ng_exec_run_spr_op_(e, g, op, scratch, s);
 	switch (op->kind) {
 	case NG_OP_TOKENS_H2D: case NG_OP_TOKENS_SPLIT: case NG_OP_ZERO:
 		return run_input_op(e, g, op, s);

@@ -31,6 +31,9 @@ void *ng_exec_tensor_(const struct ng_exec *e, const struct ng_graph *g, int t);
 /* Enqueue one op of g on e->stream (plan: its index into e->plans, or -1). */
 enum ng_status ng_exec_run_op_(struct ng_exec *e, const struct ng_graph *g, const struct ng_op *op,
 			       int plan);
+/* The speedrun family's ops (exec_spr.c), and its attention and loss. */
+enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
+				   const struct ng_op *op, void *scratch, cudaStream_t s);
 /* Enqueue every op of g on e->stream, in order (eager launches, or inside a capture). */
 enum ng_status ng_exec_run_eager_(struct ng_exec *e, const struct ng_graph *g, const int *pl);
 

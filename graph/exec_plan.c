@@ -13,12 +13,14 @@
 
 #include "graph/exec_internal.h"
 #include "graph/optim_muon.h"
+#include "graph/step_spr.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/fp8.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
+#include "kernels/mix.h"
 #include "kernels/optim.h"
 
 static bool is_matmul(enum ng_op_kind k)
@@ -101,10 +103,22 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 								     (size_t)e->plans[plan].spec.IC)
 						 : 0);
 	}
-	case NG_OP_ATTENTION_FWD:
-		return ng_attention_fwd_workspace(&e->att);
-	case NG_OP_ATTENTION_BWD:
-		return ng_attention_bwd_workspace(&e->att);
+	case NG_OP_ATTENTION_FWD: {
+		size_t a = ng_attention_fwd_workspace(&e->att);
+		size_t b = e->cfg.model.arch == NG_ARCH_SPEEDRUN
+				   ? ng_attention_fwd_workspace(&e->att_short) : 0;
+		return a > b ? a : b;
+	}
+	case NG_OP_ATTENTION_BWD: {
+		size_t a = ng_attention_bwd_workspace(&e->att);
+		size_t b = e->cfg.model.arch == NG_ARCH_SPEEDRUN
+				   ? ng_attention_bwd_workspace(&e->att_short) : 0;
+		return a > b ? a : b;
+	}
+	case NG_OP_MIX_BWD:
+		return ng_mix2_bwd_scratch_bytes(N, m->C);
+	case NG_OP_EMBED_BWD:
+		return ng_encoder_bwd_work_bytes(g->B, g->T, m->C);
 	case NG_OP_LAYERNORM_BWD:
 		return ng_layernorm_bwd_scratch_bytes(N, m->C);
 	case NG_OP_GELU_BWD:
@@ -214,6 +228,8 @@ static struct ng_step_options step_options(const struct ng_exec_config *cfg)
 	opt.deterministic = cfg->deterministic;
 	if (opt.deterministic)
 		opt.fuse_gelu &= ~NG_GELU_FUSE_AUTO;
+	if (cfg->model.arch == NG_ARCH_SPEEDRUN) /* relu^2 is its own op: no GELU to time */
+		opt.fuse_gelu = 0;
 	if (opt.deterministic && (opt.fp8 & NG_FP8_AUTO)) /* untimed: the kinds that widen */
 		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD | NG_FP8_DINP_FCPROJ)) |
 			  NG_FP8_AUTO;
@@ -326,6 +342,28 @@ static enum ng_status plan_data_parallel(struct ng_exec *e)
 	return st;
 }
 
+/* GPT-2: one causal plan. The speedrun model: the long- and short-window plans, scale 0.12,
+ * causal within documents (the per-query lower bounds of ATTN_BOUNDS), each with the band of its
+ * largest window (graph/step_spr.h: 14 and 7 blocks of 128 tokens). */
+static enum ng_status plan_attention(struct ng_exec *e)
+{
+	const struct ng_exec_config *c = &e->cfg;
+	const int D = c->model.C / c->model.H;
+	if (c->model.arch != NG_ARCH_SPEEDRUN)
+		return ng_attention_plan(&e->att, e->cudnn, c->B, c->model.H, c->T, D,
+					 c->deterministic, c->force_naive_attention);
+	const int wmax = ng_spr_window_blocks(1, 1); /* W at the last step: 14 */
+	struct ng_attention_opts o = { .scale = (float)NG_SPR_ATTN_SCALE, .lower_bound = 1,
+				       .max_window = wmax * NG_SPR_WINDOW_BLOCK };
+	enum ng_status st = ng_attention_plan_masked(&e->att, e->cudnn, c->B, c->model.H, c->T, D,
+						     c->deterministic, c->force_naive_attention, &o);
+	o.max_window = (wmax / 2) * NG_SPR_WINDOW_BLOCK;
+	if (!st)
+		st = ng_attention_plan_masked(&e->att_short, e->cudnn, c->B, c->model.H, c->T, D,
+					      c->deterministic, c->force_naive_attention, &o);
+	return st;
+}
+
 enum ng_status ng_exec_plan_(struct ng_exec *e, const struct cudaDeviceProp *prop,
 			     struct ng_exec_report *rep)
 {
@@ -336,9 +374,7 @@ enum ng_status ng_exec_plan_(struct ng_exec *e, const struct cudaDeviceProp *pro
 	if (!st)
 		st = plan_data_parallel(e);
 	if (!st)
-		st = ng_attention_plan(&e->att, e->cudnn, c->B, c->model.H, c->T,
-				       c->model.C / c->model.H, c->deterministic,
-				       c->force_naive_attention);
+		st = plan_attention(e);
 	if (!st)
 		st = plan_graph(e, &e->train, &e->train_plan);
 	if (!st && c->eval_batches > 0)

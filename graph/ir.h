@@ -123,8 +123,10 @@
  *                     the end of skipw), then the constant 1.0.
  *   ATTN_BOUNDS       in: inputs i32 (B, T), step_state. out: bounds i32 (2, B, T): for each
  *                     query the first key it may see (its document's start, and t - window + 1),
- *                     row 0 for the long window, row 1 for the short one; the window comes from
- *                     the step counter (graph/step_spr.h).
+ *                     row 0 for the long window, row 1 for the short one; windows i32 (2): the
+ *                     two windows in tokens, from the step counter (graph/step_spr.h).
+ *                     The speedrun's ATTENTION_FWD / _BWD read bounds and windows after their
+ *                     GPT-2 inputs; index 1 = the long window.
  *   EMBED_FWD         in: inputs, params_bf16. out: rows (N, C) bf16 = table[tok]. param[0] =
  *                     WTE or VE, index = the table.
  *   EMBED_BWD         in: drows (N, C) bf16, sorted (ENCODER_SORT's), inputs. out: grads (+=

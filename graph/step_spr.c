@@ -29,7 +29,7 @@ struct spr_layer {
 };
 
 struct spr_fwd {
-	int inputs, targets, sorted, bounds;
+	int inputs, targets, sorted, bounds, windows;
 	int emb, x0, rstd0;
 	int ve[NG_SPR_VE];
 	int nf, rstdf, xf;
@@ -148,8 +148,9 @@ static void forward(struct ng_bld *b, struct spr_fwd *f, int scalars)
 				  OUT(f->sorted)), 0);
 	}
 	f->bounds = ng_bld_act(b, "attn_bounds", NG_DTYPE_I32, 3, 2, B, T);
+	f->windows = ng_bld_act(b, "attn_windows", NG_DTYPE_I32, 1, 2, 1, 1);
 	emit(b, ng_bld_mk(NG_OP_ATTN_BOUNDS, NG_OP_WHICH_NONE, -1, IN(f->inputs, g->t_step_state),
-			  OUT(f->bounds)), 0);
+			  OUT(f->bounds, f->windows)), 0);
 	f->emb = ng_bld_act(b, "embed", NG_DTYPE_BF16, 3, B, T, C);
 	struct ng_op op = ng_bld_mk(NG_OP_EMBED_FWD, NG_OP_WHICH_NONE, -1,
 				    IN(f->inputs, g->t_params_bf16), OUT(f->emb));
@@ -194,7 +195,7 @@ static void forward(struct ng_bld *b, struct spr_fwd *f, int scalars)
 			a->atty = ng_bld_lact(b, l, "atty", NG_DTYPE_BF16, 3, B, T, C);
 			a->lse = ng_bld_lact(b, l, "lse", NG_DTYPE_F32, 3, B, H, T);
 			op = ng_bld_mk(NG_OP_ATTENTION_FWD, NG_OP_WHICH_NONE, l,
-				       IN(a->qkva, f->bounds), OUT(a->atty, a->lse));
+				       IN(a->qkva, f->bounds, f->windows), OUT(a->atty, a->lse));
 			op.index = ng_spr_long_window(c, l);
 			emit(b, op, b->ws.attn_fwd);
 			a->x1 = ng_bld_lact(b, l, "x1", NG_DTYPE_BF16, 3, B, T, C);
@@ -314,7 +315,8 @@ static void backward(struct ng_bld *b, const struct spr_fwd *f, int dnf, int sca
 			mm_bwd(b, NG_OP_WHICH_ATTPROJ, l, NG_P_ATTPROJW, dx, a->atty, datty);
 			int dqkv = ng_bld_lact(b, l, "dqkv", NG_DTYPE_BF16, 3, B, T, 3 * C);
 			struct ng_op op = ng_bld_mk(NG_OP_ATTENTION_BWD, NG_OP_WHICH_NONE, l,
-						    IN(datty, a->qkva, a->atty, a->lse, f->bounds),
+						    IN(datty, a->qkva, a->atty, a->lse, f->bounds,
+						       f->windows),
 						    OUT(dqkv));
 			op.index = ng_spr_long_window(c, l);
 			emit(b, op, b->ws.attn_bwd);

@@ -26,8 +26,9 @@
  * its eps is a constant of the capture, so it cannot be made to match by arguments: this file
  * has the one kernel of that form.
  *
- * Adam groups: the speedrun gives its (untied) embedding 75 x 0.008 = 0.6 and its head 0.008.
- * GPT-2 ties the head to wte, so the embedding group (wte, wpe) gets the head's 0.008 (multiplier
+ * Adam groups: the speedrun model gives its (untied) embeddings 75 x 0.008 = 0.6, its head
+ * 27.5 x 0.008 = 0.22 and its scalars 5 x 0.008 = 0.04 (train sets 75 for that family).
+ * GPT-2 ties the head to wte, so the embedding group (wte, wpe) gets a head's rate (multiplier
  * 1) by default: on the CPU reference's tiny model, 50 steps, 0.6 drove the loss from 6.27 up to
  * 12.1 at step 10 and ended at 3.80; 0.008 ended at 2.76 (AdamW's defaults: 4.43). Biases and
  * LayerNorm weights get 5 x 0.008 = 0.04, the speedrun's scalar lr.
@@ -67,8 +68,9 @@ extern "C" {
 
 /* Adam's parameter groups under Muon, each with its own learning-rate multiplier. */
 enum ng_muon_adam_group {
-	NG_MUON_ADAM_EMBED,  /* wte (also the tied head) and wpe */
-	NG_MUON_ADAM_SCALAR, /* biases and LayerNorm weights */
+	NG_MUON_ADAM_EMBED,  /* wte (GPT-2: also the tied head), wpe, the value embeddings */
+	NG_MUON_ADAM_SCALAR, /* biases and LayerNorm weights; the speedrun model's scalars */
+	NG_MUON_ADAM_HEAD,   /* the speedrun model's untied head */
 	NG_MUON_ADAM_GROUPS
 };
 
@@ -80,7 +82,8 @@ struct ng_muon_config {
 	int mu_warmup;        /* steps of the linear momentum warm-up (300) */
 	float adam_lr;        /* Adam base learning rate (0.008) */
 	float adam_mult[NG_MUON_ADAM_GROUPS]; /* its multiplier per group (embeddings 1,
-	                       * biases and LayerNorm 5); see "Adam groups" */
+	                       * biases and LayerNorm 5, head 27.5; the speedrun model's
+	                       * embeddings 75); see "Adam groups" */
 	float beta1, beta2;   /* Adam (0.8, 0.95) */
 	float eps;            /* Adam (1e-10) */
 	float cooldown_frac;  /* last fraction of the steps with the linear cooldown (0.4) */
@@ -106,7 +109,7 @@ struct ng_muon_scalars {
 /* The defaults above. The body is in the header so that C and CUDA share one definition. */
 NG_MUON_FN_ struct ng_muon_config ng_muon_config_default(int total)
 {
-	struct ng_muon_config c = { 0.05f, 0.85f, 0.95f, 300, 0.008f, { 1.0f, 5.0f },
+	struct ng_muon_config c = { 0.05f, 0.85f, 0.95f, 300, 0.008f, { 1.0f, 5.0f, 27.5f },
 				    0.8f, 0.95f, 1e-10f, 0.4f, 0.1f, total };
 	return c;
 }

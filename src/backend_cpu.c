@@ -165,6 +165,12 @@ static void cpu_free(void *ctx)
 enum ng_status ng_backend_cpu_init(struct ng_backend *be, const struct ng_train_opts *o)
 {
 	const struct ng_shape *s = &o->shape;
+	if (s->model.arch == NG_ARCH_SPEEDRUN) {
+		ng_fail(NG_ERR_INPUT, "train --device cpu: the CPU backend trains the GPT-2 family; "
+			"the speedrun model's double-precision reference is the oracle of its tests");
+		ng_hint("train the speedrun model on a GPU (--device cuda), or a GPT-2 preset here");
+		return NG_ERR_INPUT;
+	}
 	struct cpu_ctx *c = calloc(1, sizeof(*c));
 	if (!c)
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory");

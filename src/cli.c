@@ -144,7 +144,8 @@ void ng_cli_model_flags(struct ng_model_args *a, struct ng_flag *f, const char *
 	a->batch = default_batch;
 	struct ng_flag t[NG_MODEL_NFLAGS] = {
 		{ "--model", NG_FLAG_STRING, &a->model, 0, 0, "NAME",
-		  "preset: tiny|d12|d24|d36|d48 (GPT-2 124M/350M/774M/1558M)", false },
+		  "preset: tiny|d12|d24|d36|d48 (GPT-2 124M/350M/774M/1558M), speedrun|"
+		  "speedrun-tiny (the NanoGPT speedrun model, docs/DESIGN.md)", false },
 		{ "--layers", NG_FLAG_INT, &a->layers, 1, 1024, "N", "transformer blocks", false },
 		{ "--heads", NG_FLAG_INT, &a->heads, 1, 1024, "N", "attention heads", false },
 		{ "--channels", NG_FLAG_INT, &a->channels, 8, 65536, "N", "model width C", false },
@@ -177,7 +178,8 @@ enum ng_status ng_cli_resolve_shape(const struct ng_model_args *a, struct ng_sha
 	st = ng_gpt_check(&s->model);
 	if (st)
 		return st;
-	s->B = (int)a->batch;
+	/* batch 0: the family's default, one long sequence for the speedrun model */
+	s->B = a->batch ? (int)a->batch : s->model.arch == NG_ARCH_SPEEDRUN ? 1 : 64;
 	s->T = s->model.T;
 	long long bt = (long long)s->B * s->T;
 	if (a->total_batch == 0) {

@@ -58,7 +58,8 @@ struct ng_model_args {
 
 #define NG_MODEL_NFLAGS 8
 /* Write the 8 [model] [batch] flags into flags[0..7], pointing at args. `default_model` and
- * `default_batch` set the starting values. */
+ * `default_batch` set the starting values (batch 0: 64, or 1 for the speedrun presets, whose
+ * sequence holds the step's tokens). */
 void ng_cli_model_flags(struct ng_model_args *args, struct ng_flag *flags,
 			const char *default_model, long long default_batch);
 

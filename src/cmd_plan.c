@@ -270,7 +270,7 @@ enum ng_status ng_cmd_plan(int argc, char **argv)
 	struct plan_args pa;
 	bool json = false;
 	struct ng_flag flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 1];
-	ng_cli_model_flags(&ma, flags, "d12", 64);
+	ng_cli_model_flags(&ma, flags, "d12", 0);
 	plan_flags(&pa, flags + NG_MODEL_NFLAGS);
 	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS] = (struct ng_flag){
 		"--json", NG_FLAG_BOOL, &json, 0, 0, NULL, "print one JSON object", false };
@@ -348,7 +348,7 @@ enum ng_status ng_cmd_dump(int argc, char **argv)
 	struct plan_args pa;
 	const char *out = NULL;
 	struct ng_flag flags[NG_MODEL_NFLAGS + PLAN_NFLAGS + 1];
-	ng_cli_model_flags(&ma, flags, "d12", 64);
+	ng_cli_model_flags(&ma, flags, "d12", 0);
 	plan_flags(&pa, flags + NG_MODEL_NFLAGS);
 	flags[NG_MODEL_NFLAGS + PLAN_NFLAGS] = (struct ng_flag){
 		"--out", NG_FLAG_STRING, &out, 0, 0, "DIR",

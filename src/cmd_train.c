@@ -24,8 +24,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	struct ng_flag flags[NG_MODEL_NFLAGS + 56];
 	/* --optimizer muon (kernels/muon.h; defaults of ng_muon_config_default) */
 	double muon_lr = 0.05, adam_lr = 0.008, embed_mult = 1, scalar_mult = 5, cooldown = 0.4;
+	double head_mult = 27.5;
 	long long mu_warmup = 300;
-	ng_cli_model_flags(&ma, flags, "d12", 64); /* --model tiny: --batch 8 */
+	ng_cli_model_flags(&ma, flags, "d12", 0); /* --model tiny: --batch 8 */
 	struct ng_flag more[] = {
 		{ "--steps", NG_FLAG_INT, &o.steps, 1, 1e12, "N", "optimizer steps (200)", false },
 		{ "--lr", NG_FLAG_DOUBLE, &o.lr, 0, 10, "X", "peak learning rate (6e-4; 3e-3 for --model tiny)", false },
@@ -129,7 +130,11 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "muon: Adam lr multiplier of wte (the tied head) and wpe (1: lr 0.008, the "
 		  "speedrun's head lr; its untied embedding's 75 = 0.6 diverges when tied)", false },
 		{ "--adam-scalar-mult", NG_FLAG_DOUBLE, &scalar_mult, 0, 1e6, "X",
-		  "muon: Adam lr multiplier of biases and LayerNorm weights (5: lr 0.04)", false },
+		  "muon: Adam lr multiplier of biases and LayerNorm weights, and of the speedrun "
+		  "model's scalars (5: lr 0.04)", false },
+		{ "--adam-head-mult", NG_FLAG_DOUBLE, &head_mult, 0, 1e6, "X",
+		  "muon: Adam lr multiplier of the speedrun model's untied head (27.5: lr 0.22)",
+		  false },
 		{ "--cooldown-frac", NG_FLAG_DOUBLE, &cooldown, 0, 1, "X",
 		  "muon: last fraction of the steps with the linear lr cooldown to 0.1x (0.4)",
 		  false },
@@ -161,6 +166,16 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	st = ng_cli_resolve_shape(&ma, &o.shape);
 	if (st)
 		return st;
+	/* the speedrun model trains as its reference does: one long sequence, Muon with its
+	 * untied embeddings' Adam rate, the loss summed over the step's tokens, no clipping */
+	if (o.shape.model.arch == NG_ARCH_SPEEDRUN) {
+		if (!ng_cli_seen(&spec, "--optimizer"))
+			o.optimizer = "muon";
+		if (!ng_cli_seen(&spec, "--adam-embed-mult"))
+			embed_mult = 75;
+		if (!ng_cli_seen(&spec, "--clip"))
+			o.clip = 0;
+	}
 	struct ng_step_options rc;
 	if (o.recompute && (st = ng_step_parse_recompute(o.recompute, o.fp8, &rc)))
 		return st;
@@ -187,6 +202,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		o.muon.adam_lr = (float)adam_lr;
 		o.muon.adam_mult[NG_MUON_ADAM_EMBED] = (float)embed_mult;
 		o.muon.adam_mult[NG_MUON_ADAM_SCALAR] = (float)scalar_mult;
+		o.muon.adam_mult[NG_MUON_ADAM_HEAD] = (float)head_mult;
 		o.muon.cooldown_frac = (float)cooldown;
 		if (!ng_cli_seen(&spec, "--clip")) /* the speedrun clips nothing */
 			o.clip = 0;

@@ -113,7 +113,7 @@ Test(muon_ref, schedule_and_momentum)
 	cr_expect_float_eq(ng_muon_momentum(0, 0.85, 0.95, 300), 0.85, 1e-12);
 	cr_expect_float_eq(ng_muon_momentum(150, 0.85, 0.95, 300), 0.90, 1e-12);
 	cr_expect_float_eq(ng_muon_momentum(1000, 0.85, 0.95, 300), 0.95, 1e-12);
-	struct ng_gpt_config cfg = { 2, 2, 64, 64, 500, 0 };
+	struct ng_gpt_config cfg = { 2, 2, 64, 64, 500, 0, NG_ARCH_GPT2 };
 	struct ng_muon_group g[NG_MUON_GROUPS];
 	ng_muon_groups(&cfg, g);
 	cr_expect(g[0].batch == 6 && g[2].rows == 256 && g[2].cols == 64 && g[2].scale == 2.0 &&

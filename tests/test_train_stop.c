@@ -105,7 +105,7 @@ static long long run_rank_(int rank, int lag, long long raise_at, long long step
 {
 	struct ng_train_opts o;
 	memset(&o, 0, sizeof(o));
-	o.shape.model = (struct ng_gpt_config){ 2, 2, 64, 32, 512, 0 };
+	o.shape.model = (struct ng_gpt_config){ 2, 2, 64, 32, 512, 0, NG_ARCH_GPT2 };
 	cr_assert_eq(ng_gpt_check(&o.shape.model), NG_OK);
 	o.shape.B = 2;
 	o.shape.T = 32;
