@@ -260,7 +260,8 @@ template <> struct qk_bits<4> {
 	typedef uint2 t;
 };
 
-template <int V> static __device__ __forceinline__ void qk_load_(float f[V], const __nv_bfloat16 *p)
+template <int V>
+static __device__ __forceinline__ void qk_load_(float f[V], const __nv_bfloat16 *p)
 {
 	typedef typename qk_bits<V>::t B;
 	B u = __ldcs(reinterpret_cast<const B *>(p));
@@ -273,7 +274,8 @@ template <int V> static __device__ __forceinline__ void qk_load_(float f[V], con
 	}
 }
 
-template <int V> static __device__ __forceinline__ void qk_store_(__nv_bfloat16 *p, const float f[V])
+template <int V>
+static __device__ __forceinline__ void qk_store_(__nv_bfloat16 *p, const float f[V])
 {
 	typedef typename qk_bits<V>::t B;
 	B u;
