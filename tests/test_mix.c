@@ -7,8 +7,8 @@
  * cancel: 1 ulp + atol = 2^-20 max(|a u| + |b w|) (the bound, times 8). Scalar gradients (fp32):
  * the FlashAttention rule against a naive fp32 loop over the elements in order (the products of
  * two bf16 are exact in fp32), with atol = 64 * 2^-24 * (sum |dout u| + |da0|): any fixed order
- * of fp32 additions with chains of at most ~50 (the kernel's: per-thread runs of at most 8 x 35
- * at the model's size, 8 at these, then an 8-level tree, then double) is within that bound.
+ * of fp32 additions with chains of at most ~50 is within that bound, and the kernel's at these
+ * sizes are 8 a thread (one unit), an 8-level tree, then double.
  * Determinism: two runs, the same bytes (scalar gradients and du / dw). Columns C .. ld - 1 of
  * every output must keep their bytes.
  * Shapes: N = 1, 7, 1000; C = 24, 768, 21 (odd: the scalar path); ld = C, C + 8, 3C (v inside
