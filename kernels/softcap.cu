@@ -11,8 +11,9 @@
  * s = cap / (1 + e), q = 1 - sigmoid = e / (1 + e), and cap - s = cap q, computed without the
  * cancellation of cap - s; exp(s - cap) = 2^(-cap q log2 e); ds/dz = s (1 - s / cap) / div =
  * s q / div. Three MUFU operations (ex2, rcp, ex2) an element in each pass. The exponent z kz is
- * clamped to SC_EXP_MAX so that e stays finite (z below about -44 div, where s < 1e-18
- * anyway); a NaN passes the clamp and makes the loss NaN.
+ * clamped to SC_EXP_MAX so that e, s and s q stay finite normal numbers (it binds for z below
+ * about -69 div, where s < cap e^-69 ~ 3e-29 anyway); a NaN passes the clamp and makes the loss
+ * NaN.
  * ng_softcap_crossentropy -> softcap_ce_row_in_smem when the row fits in shared memory (Vp % 8
  * == 0, Vp * 2 <= SC_SMEM_MAX: the model's 50304 columns are 100.6 KB, two rows per SM): the
  * block copies its row in with 16-byte cp.async, takes the sum over the vectors each thread
@@ -31,7 +32,7 @@
 #define SC_THREADS 512          /* threads of a row's block (kernels/loss.cu measured 512 best) */
 #define SC_SMEM_MAX (112 * 1024) /* largest row (bytes) the shared-memory kernel takes */
 #define SC_CAP_MAX 64.0f        /* largest cap without a max pass (see above) */
-#define SC_EXP_MAX 64.0f        /* clamp of the exponent of e = exp(-z / div), base 2 */
+#define SC_EXP_MAX 100.0f       /* clamp of the exponent of e = exp(-z / div), base 2 */
 #define SC_LOG2E 1.4426950408889634f
 
 static __device__ __forceinline__ float sc_exp2(float x)

@@ -7,10 +7,14 @@
  * recombines); and bit-identical over two runs.
  * Shapes: T = 1, C = 1600, 776 (8 x 97), 200, 24, 8, Vp = 50304, 50257, 1, B*T up to 65536
  * (the backward's packed 32-bit sort keys) and 131072 (too many position bits: the pairs sort).
+ * The lookup without positions (ng_embed_fwd/bwd) against ng_ref_embed_fwd/bwd
+ * (graph/cpu_spr_ops.h): the forward bit for bit, the backward as the encoder's, also with
+ * one sort shared by two tables.
  */
 #include <criterion/criterion.h>
 
 #include "graph/cpu_ops.h"
+#include "graph/cpu_spr_ops.h"
 #include "kernels/encoder.h"
 #include "tests/kernel_testing.h"
 
@@ -208,6 +212,132 @@ Test(encoder, bwd_long_runs)
 	encoder_bwd_case(20, 1000, 40, 50304, TOK_MODE_ZIPF);
 	encoder_bwd_case(64, 1024, 8, 2000, TOK_MODE_ZIPF);
 	encoder_bwd_case(64, 1024, 16, 1, TOK_MODE_EQUAL);
+}
+
+/* The lookup without positions (ng_embed_fwd): each output row is its table row, bit for bit
+ * (0 ulp against ng_ref_embed_fwd). */
+static void embed_fwd_case(int N, int C, int rows)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t ntab = (size_t)rows * C, nout = (size_t)N * C;
+	ng_bf16 *tab = kt_xmalloc(ntab * 2), *out = kt_xmalloc(nout * 2);
+	double *tab_d = kt_xmalloc(ntab * 8), *ref = kt_xmalloc(nout * 8);
+	kt_fill_bf16(&r, tab, tab_d, ntab, 0.0, 1.0);
+	int32_t *tok = random_tokens(&r, N, rows, TOK_MODE_HOT);
+	ng_ref_embed_fwd(ref, tok, tab_d, N, C);
+	void *d_tab = kt_upload(tab, ntab * 2), *d_tok = kt_upload(tok, (size_t)N * 4);
+	void *d_out = kt_upload(NULL, nout * 2);
+	kt_ok(ng_embed_fwd(d_out, d_tab, d_tok, N, C, 0), "ng_embed_fwd");
+	kt_download(out, d_out, nout * 2);
+	char what[96];
+	snprintf(what, sizeof(what), "embed_fwd N=%d C=%d rows=%d", N, C, rows);
+	check_bf16_(what, seed, out, ref, nout, 0.0, 0.0);
+	cudaFree(d_tab), cudaFree(d_tok), cudaFree(d_out);
+	free(tab), free(out), free(tab_d), free(ref), free(tok);
+}
+
+/* The embedding backward (ng_embed_bwd) onto nonzero random tables: the FlashAttention rule
+ * against a naive fp32 loop over the rows in order, as the encoder's; two runs the same bits;
+ * and two tables over the same tokens from one shared sort (ng_encoder_bwd_sort with B = 1,
+ * then ng_encoder_bwd_sorted without a position table, as the step can do for wte and the value
+ * embeddings), the first bit-identical to ng_embed_bwd. */
+static void embed_bwd_case(int N, int C, int rows, enum tok_mode mode)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t ntab = (size_t)rows * C, nout = (size_t)N * C;
+	ng_bf16 *dout[2];
+	double *dout_d[2], *ref[2];
+	float *tab0[2], *naive[2];
+	int32_t *tok = random_tokens(&r, N, rows, mode);
+	for (int k = 0; k < 2; k++) {
+		dout[k] = kt_xmalloc(nout * 2);
+		dout_d[k] = kt_xmalloc(nout * 8);
+		kt_fill_bf16(&r, dout[k], dout_d[k], nout, 0.0, 1.0);
+		tab0[k] = kt_xmalloc(ntab * 4);
+		for (size_t i = 0; i < ntab; i++)
+			tab0[k][i] = (float)ng_rng_normal(&r);
+		ref[k] = kt_f2d(tab0[k], ntab);
+		ng_ref_embed_bwd(ref[k], dout_d[k], tok, N, C);
+		naive[k] = kt_xmalloc(ntab * 4);
+		memcpy(naive[k], tab0[k], ntab * 4);
+		for (int i = 0; i < N; i++)
+			for (int c = 0; c < C; c++)
+				naive[k][(size_t)tok[i] * C + c] +=
+					kt_bf16_to_f32(dout[k][(size_t)i * C + c]);
+	}
+	size_t sb = ng_embed_bwd_scratch_bytes(N, C), sorted_b = ng_encoder_bwd_sorted_bytes(1, N);
+	size_t work_b = ng_encoder_bwd_work_bytes(1, N, C);
+	cr_assert(sb > 0 && sorted_b + work_b <= sb, "embed_bwd sizes: %zu + %zu vs %zu", sorted_b,
+		  work_b, sb);
+	void *d_dout[2] = {kt_upload(dout[0], nout * 2), kt_upload(dout[1], nout * 2)};
+	void *d_tok = kt_upload(tok, (size_t)N * 4), *d_scr = kt_upload(NULL, sb);
+	void *d_sorted = kt_upload(NULL, sorted_b), *d_work = kt_upload(NULL, work_b);
+	float *d_tab = kt_upload(NULL, ntab * 4), *got[4];
+	/* runs 0, 1: ng_embed_bwd on table 0; 2, 3: tables 0 and 1 from one shared sort */
+	kt_ok(ng_encoder_bwd_sort(d_sorted, sorted_b, d_tok, 1, N, rows, 0), "ng_encoder_bwd_sort");
+	for (int run = 0; run < 4; run++) {
+		int k = run == 3;
+		kt_cuda(cudaMemcpy(d_tab, tab0[k], ntab * 4, cudaMemcpyHostToDevice), "H2D");
+		if (run < 2)
+			kt_ok(ng_embed_bwd(d_tab, d_dout[0], d_tok, N, C, rows, d_scr, sb, 0),
+			      "ng_embed_bwd");
+		else
+			kt_ok(ng_encoder_bwd_sorted(d_tab, NULL, d_dout[k], d_sorted, 1, N, C, rows,
+						    d_work, work_b, 0),
+			      "ng_encoder_bwd_sorted");
+		got[run] = kt_xmalloc(ntab * 4);
+		kt_download(got[run], d_tab, ntab * 4);
+	}
+	char what[128];
+	for (int k = 0; k < 2; k++) {
+		snprintf(what, sizeof(what), "embed_bwd table %d N=%d C=%d rows=%d token mode %d",
+			 k, N, C, rows, (int)mode);
+		double *g = kt_f2d(got[k ? 3 : 0], ntab), *nv = kt_f2d(naive[k], ntab);
+		check_fa_(what, seed, g, nv, ref[k], ntab, 1e-6);
+		free(g), free(nv);
+	}
+	cr_expect(memcmp(got[0], got[1], ntab * 4) == 0,
+		  "embed_bwd N=%d C=%d: two runs differ (not deterministic); seed %llu", N, C,
+		  (unsigned long long)seed);
+	cr_expect(memcmp(got[0], got[2], ntab * 4) == 0,
+		  "embed_bwd N=%d C=%d: the shared sort differs from ng_embed_bwd; seed %llu", N, C,
+		  (unsigned long long)seed);
+	for (int k = 0; k < 2; k++) {
+		cudaFree(d_dout[k]);
+		free(dout[k]), free(dout_d[k]), free(ref[k]), free(tab0[k]), free(naive[k]);
+	}
+	for (int run = 0; run < 4; run++)
+		free(got[run]);
+	cudaFree(d_tok), cudaFree(d_scr), cudaFree(d_sorted), cudaFree(d_work), cudaFree(d_tab);
+	free(tok);
+}
+
+Test(encoder, embed_fwd_shapes)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	embed_fwd_case(1000, 768, 50304);
+	embed_fwd_case(1, 768, 50304);
+	embed_fwd_case(7, 24, 5);
+	embed_fwd_case(4096, 64, 512);
+}
+
+/* Uniform and Zipfian tokens at the model's vocabulary, long runs of equal tokens (cut into
+ * windows), N = 1, and 131072 rows (the sort's keys do not pack). */
+Test(encoder, embed_bwd_shapes_and_determinism)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	embed_bwd_case(4096, 768, 50304, TOK_MODE_ZIPF);
+	embed_bwd_case(1000, 24, 50304, TOK_MODE_UNIFORM);
+	embed_bwd_case(1, 768, 50304, TOK_MODE_UNIFORM);
+	embed_bwd_case(7, 24, 5, TOK_MODE_EQUAL);
+	embed_bwd_case(65536, 8, 512, TOK_MODE_EQUAL);
+	embed_bwd_case(131072, 8, 50304, TOK_MODE_HOT);
 }
 
 Test(encoder, bad_shape_is_an_input_error)

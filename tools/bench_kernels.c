@@ -1,7 +1,8 @@
 /*
  * tools/bench_kernels.c — times every memory-bound kernel of the step (encoder, layernorm,
- * GELU, bias grad, cross-entropy, loss accumulate, grad norm, AdamW, cast, token split) at the
- * d12 (B=64, T=1024, C=768) and d48 (B=16, T=1024, C=1600) shapes, V=50304.
+ * GELU, bias grad, cross-entropy, loss accumulate, grad norm, AdamW, cast, token split, and the
+ * speedrun model's scalar mixes and soft-capped cross-entropy) at the d12 (B=64, T=1024, C=768)
+ * and d48 (B=16, T=1024, C=1600) shapes, V=50304.
  *
  * Method: CUDA events around each launch, 3 warm-ups, the median of 21 timed launches; inputs
  * rotate over enough copies that each launch's working set exceeds 256 MB (L2 is 60 MB), so the
@@ -35,7 +36,9 @@
 #include "kernels/fp8.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
+#include "kernels/mix.h"
 #include "kernels/optim.h"
+#include "kernels/softcap.h"
 #include "util/rng.h"
 
 #define REPS 21
@@ -328,6 +331,45 @@ static enum ng_status l_split(struct bench *b, int r, void *a)
 	struct bufs *x = a;
 	return ng_tokens_split(AT(x, 0, r), AT(x, 1, r), AT(x, 2, r), b->B, b->T, BS);
 }
+/* The speedrun model's kernels: p[3] holds their fp32 scalars (pool bytes, 0x3c3c3c3c: 0.0115),
+ * p[5] the backward's partials. */
+static enum ng_status l_mix_fwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	const float *s = x->p[3];
+	return ng_mix2_fwd(AT(x, 0, r), b->C, s, AT(x, 1, r), b->C, s + 1, AT(x, 2, r), b->C,
+			   (int)b->N, b->C, BS);
+}
+/* the value mixing: v inside qkv (p[0], ld 3C) in place, ve (p[1]) */
+static enum ng_status l_mix_fwd_v(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	const float *s = x->p[3];
+	ng_bf16 *v = (ng_bf16 *)AT(x, 0, r) + 2 * (size_t)b->C;
+	return ng_mix2_fwd(v, 3 * b->C, s, v, 3 * b->C, s + 1, AT(x, 1, r), b->C, (int)b->N, b->C,
+			   BS);
+}
+/* dout (p[0]) -> du in place, u (p[1]), w (p[2]), dw (p[4]) accumulated, da and db */
+static enum ng_status l_mix_bwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	float *s = x->p[3];
+	return ng_mix2_bwd(AT(x, 0, r), b->C, 0, AT(x, 4, r), b->C, 1, s + 2, s + 3, AT(x, 0, r),
+			   b->C, s, AT(x, 1, r), b->C, s + 1, AT(x, 2, r), b->C, (int)b->N, b->C,
+			   x->p[5], BS);
+}
+static enum ng_status l_softcap(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_softcap_crossentropy(AT(x, 1, r), AT(x, 0, r), b->targets, (int)b->N, b->Vp,
+				       30.0f, (float)(7.5 * sqrt((double)b->C)), 1.0f, BS);
+}
+static enum ng_status l_softcap_fwd(struct bench *b, int r, void *a)
+{
+	struct bufs *x = a;
+	return ng_softcap_crossentropy_fwd(AT(x, 1, r), AT(x, 0, r), b->targets, (int)b->N, b->Vp,
+					   30.0f, (float)(7.5 * sqrt((double)b->C)), BS);
+}
 
 /* Sets up x with k inputs of the given sizes (bytes per copy) for a working set of `ws`. */
 static void setup(struct bench *b, struct bufs *x, double ws, int k, const size_t *sz)
@@ -579,6 +621,25 @@ static void run_shape(const char *preset, int B)
 	by = 10.0 * N;
 	setup(b, &x, by, 3, (size_t[]){N * 4, N * 4, (size_t)b->B * (b->T + 1) * 2});
 	time_kernel(b, "tokens_split", by, l_split, &x);
+
+	/* the speedrun model's kernels at this shape (its own: N = 49152, C = 768) */
+	by = 3.0 * act;
+	setup(b, &x, by, 3, (size_t[]){act, act, act});
+	x.p[3] = carve(b, 256);
+	time_kernel(b, "mix2_fwd (x0 mixing)", by, l_mix_fwd, &x);
+	setup(b, &x, by, 2, (size_t[]){3 * act, act});
+	x.p[3] = carve(b, 256);
+	time_kernel(b, "mix2_fwd (v in qkv, ld 3C, in place)", by, l_mix_fwd_v, &x);
+	by = 6.0 * act; /* dout, u, w read; dw read and written; du written */
+	setup(b, &x, by, 5, (size_t[]){act, act, act, 0, act});
+	x.p[3] = carve(b, 256);
+	x.p[5] = carve(b, ng_mix2_bwd_scratch_bytes((int)N, b->C));
+	time_kernel(b, "mix2_bwd (du in place, dw +=, da, db)", by, l_mix_bwd, &x);
+	by = 2.0 * logits + 8.0 * N;
+	setup(b, &x, by, 2, (size_t[]){logits, N * 4});
+	time_kernel(b, "softcap_crossentropy (fwd+dz)", by, l_softcap, &x);
+	by = 1.0 * logits + 8.0 * N;
+	time_kernel(b, "softcap_crossentropy_fwd (eval)", by, l_softcap_fwd, &x);
 
 	cudaFree(b->pool);
 	cudaFree(b->tokens);
