@@ -14,11 +14,11 @@ enum ng_status ng_gpt_preset(struct ng_gpt_config *cfg, const char *name)
 		const char *name;
 		struct ng_gpt_config c;
 	} presets[] = {
-		{ "tiny", { 2, 2, 64, 64, 512, 0 } },
-		{ "d12", { 12, 12, 768, 1024, 50257, 0 } },
-		{ "d24", { 24, 16, 1024, 1024, 50257, 0 } },
-		{ "d36", { 36, 20, 1280, 1024, 50257, 0 } },
-		{ "d48", { 48, 25, 1600, 1024, 50257, 0 } },
+		{ "tiny", { 2, 2, 64, 64, 512, 0, NG_ARCH_GPT2 } },
+		{ "d12", { 12, 12, 768, 1024, 50257, 0, NG_ARCH_GPT2 } },
+		{ "d24", { 24, 16, 1024, 1024, 50257, 0, NG_ARCH_GPT2 } },
+		{ "d36", { 36, 20, 1280, 1024, 50257, 0, NG_ARCH_GPT2 } },
+		{ "d48", { 48, 25, 1600, 1024, 50257, 0, NG_ARCH_GPT2 } },
 		{ "speedrun", { 12, 6, 768, 49152, 50257, 0, NG_ARCH_SPEEDRUN } },
 		{ "speedrun-tiny", { 6, 2, 64, 512, 512, 0, NG_ARCH_SPEEDRUN } },
 	};

@@ -227,11 +227,68 @@ void ng_ckpt_transpose_(float *dst, const float *src, size_t rows, size_t cols)
 			dst[c * rows + r] = src[r * cols + c];
 }
 
+/* The speedrun model's tensors, named for what they are: "wte", "ve.<t>" (the real V rows of
+ * each table), "blocks.<l>.<name>" for each block's slice of a per-layer tensor ("qkvw" (3C, C),
+ * "attprojw", "fcw", "fcprojw", "xlambda" (2), "vlambda" (2); the block without attention has no
+ * attention tensors), "headw" (Vp, C: every padded column is a trained output), "skipw" (L/2). */
+static enum ng_status write_model_speedrun(const char *path, const struct ng_gpt_config *cfg,
+					   const struct ng_gpt_layout *lay, const float *params)
+{
+	int n = 0, cap = 8 + 6 * cfg->L;
+	struct out_tensor *t = calloc((size_t)cap, sizeof(*t));
+	if (!t)
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory writing %s", path);
+	size_t VC = (size_t)cfg->V * cfg->C, VpC = (size_t)cfg->Vp * cfg->C;
+	const struct ng_param_spec *p = lay->p;
+	t[n++] = (struct out_tensor){ "wte", "F32", 2, { (size_t)cfg->V, (size_t)cfg->C },
+				      params + p[NG_P_WTE].offset, VC * sizeof(float) };
+	for (int k = 0; k < NG_SPR_VE; k++) {
+		t[n] = (struct out_tensor){ "", "F32", 2, { (size_t)cfg->V, (size_t)cfg->C },
+					    params + p[NG_P_VE].offset + k * VpC, VC * sizeof(float) };
+		snprintf(t[n++].name, sizeof(t[0].name), "ve.%d", k);
+	}
+	static const int per_block[] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW,
+					 NG_P_XLAMBDA, NG_P_VLAMBDA };
+	for (int l = 0; l < cfg->L; l++) {
+		for (size_t i = 0; i < sizeof(per_block) / sizeof(per_block[0]); i++) {
+			const struct ng_param_spec *s = &p[per_block[i]];
+			int attn = per_block[i] != NG_P_FCW && per_block[i] != NG_P_FCPROJW &&
+				   per_block[i] != NG_P_XLAMBDA;
+			int slot = attn ? ng_spr_attn_slot(cfg, l) : l;
+			if (slot < 0)
+				continue;
+			size_t per = s->numel / s->shape[0];
+			t[n] = (struct out_tensor){ "", "F32", s->ndim - 1,
+						    { s->shape[1], s->ndim > 2 ? s->shape[2] : 1 },
+						    params + s->offset + (size_t)slot * per,
+						    per * sizeof(float) };
+			snprintf(t[n++].name, sizeof(t[0].name), "blocks.%d.%s", l, s->name);
+		}
+	}
+	t[n++] = (struct out_tensor){ "headw", "F32", 2, { (size_t)cfg->Vp, (size_t)cfg->C },
+				      params + p[NG_P_HEADW].offset, VpC * sizeof(float) };
+	t[n++] = (struct out_tensor){ "skipw", "F32", 1, { p[NG_P_SKIPW].numel, 1 },
+				      params + p[NG_P_SKIPW].offset,
+				      p[NG_P_SKIPW].numel * sizeof(float) };
+	json_t *meta = json_object();
+	json_object_set_new(meta, "format", json_string("nanograph-speedrun"));
+	meta_set(meta, "n_layer", (unsigned long long)cfg->L);
+	meta_set(meta, "n_head", (unsigned long long)cfg->H);
+	meta_set(meta, "n_embd", (unsigned long long)cfg->C);
+	meta_set(meta, "n_positions", (unsigned long long)cfg->T);
+	meta_set(meta, "vocab_size", (unsigned long long)cfg->V);
+	enum ng_status st = write_safetensors(path, t, n, meta);
+	free(t);
+	return st;
+}
+
 enum ng_status ng_ckpt_write_model(const char *path, const struct ng_gpt_config *cfg,
 				   const float *params)
 {
 	struct ng_gpt_layout lay;
 	ng_gpt_layout(cfg, &lay);
+	if (cfg->arch == NG_ARCH_SPEEDRUN)
+		return write_model_speedrun(path, cfg, &lay, params);
 	int n = 4 + N_LAYER_NAMES * cfg->L;
 	struct out_tensor *t = calloc((size_t)n, sizeof(*t));
 	float *tbuf = malloc(lay.total * sizeof(float)); /* transposed copies */
@@ -290,6 +347,8 @@ enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state
 	meta_set(meta, "C", (unsigned long long)s->cfg.C);
 	meta_set(meta, "T", (unsigned long long)s->cfg.T);
 	meta_set(meta, "V", (unsigned long long)s->cfg.V);
+	if (s->cfg.arch != NG_ARCH_GPT2) /* absent: GPT-2 (files written before the family) */
+		meta_set(meta, "arch", (unsigned long long)s->cfg.arch);
 	meta_set(meta, "B", (unsigned long long)s->B);
 	meta_set(meta, "Tseq", (unsigned long long)s->T);
 	meta_set(meta, "K", (unsigned long long)s->K);

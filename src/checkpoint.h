@@ -78,7 +78,8 @@ struct ng_train_state {
 enum ng_status ng_ckpt_state_alloc(struct ng_train_state *s, int elem_size, size_t n);
 void ng_ckpt_state_free(struct ng_train_state *s);
 
-/* Model weights (flat layout, lay.total floats) to a safetensors file with HF names. */
+/* Model weights (flat layout, lay.total floats) to a safetensors file with HF names (GPT-2), or
+ * the speedrun model's own (src/checkpoint.c, format "nanograph-speedrun"). */
 enum ng_status ng_ckpt_write_model(const char *path, const struct ng_gpt_config *cfg,
 				   const float *params);
 /* Read a model file: *cfg from its metadata or shapes (Vp filled), *params malloc'ed in the

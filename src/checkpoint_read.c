@@ -493,6 +493,13 @@ enum ng_status ng_ckpt_read_model(const char *path, struct ng_gpt_config *cfg, f
 	float *tmp = NULL;
 	*params = NULL;
 	enum ng_status st = in_open(&f, path);
+	json_t *fmt = !st && f.meta ? json_object_get(f.meta, "format") : NULL;
+	if (fmt && json_is_string(fmt) && strcmp(json_string_value(fmt), "nanograph-speedrun") == 0) {
+		st = ng_fail(NG_ERR_INPUT, "%s: a speedrun model's weights; eval, sample and --init "
+			     "read the GPT-2 family's", path);
+		ng_hint("continue the run with train --resume (its state file holds the model)");
+		goto out;
+	}
 	if (!st)
 		st = model_config(&f, cfg);
 	if (st)
@@ -580,7 +587,12 @@ static enum ng_status state_meta(const struct in_file *f, struct ng_train_state 
 		st = meta_uint(f, keys[i].key, keys[i].lo, keys[i].hi, true, &v[i], NULL);
 	if (st)
 		return st;
-	s->cfg = (struct ng_gpt_config){ (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], 0 };
+	uint64_t arch = NG_ARCH_GPT2;
+	st = meta_uint(f, "arch", NG_ARCH_GPT2, NG_ARCH_SPEEDRUN, false, &arch, NULL);
+	if (st)
+		return st;
+	s->cfg = (struct ng_gpt_config){ (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], 0,
+					 (int)arch };
 	st = ng_gpt_check(&s->cfg);
 	if (st) {
 		ng_hint("checkpoint %s: its metadata gives L=%d H=%d C=%d T=%d V=%d", path,

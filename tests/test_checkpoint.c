@@ -59,7 +59,7 @@ static float *random_params(const struct ng_gpt_config *cfg, struct ng_gpt_layou
 static struct ng_gpt_config small_cfg(struct ng_rng *r)
 {
 	struct ng_gpt_config c = { 2 + (int)ng_rng_below(r, 2), 2, 64, 32,
-				     300 + (int)ng_rng_below(r, 200), 0 };
+				     300 + (int)ng_rng_below(r, 200), 0, NG_ARCH_GPT2 };
 	cr_assert_eq(ng_gpt_check(&c), NG_OK);
 	return c;
 }
@@ -714,7 +714,7 @@ static void second_checkpoint_fails(const char *dir, rlim_t fsize, const char *w
 {
 	struct ng_rng r;
 	ng_rng_seed(&r, seed_now());
-	struct ng_gpt_config cfg = { 2, 2, 64, 32, 400, 0 }; /* a checkpoint of about 2.1 MB */
+	struct ng_gpt_config cfg = { 2, 2, 64, 32, 400, 0, NG_ARCH_GPT2 }; /* a checkpoint of about 2.1 MB */
 	cr_assert_eq(ng_gpt_check(&cfg), NG_OK);
 	struct ng_gpt_layout lay;
 	float *p = random_params(&cfg, &lay, &r);
@@ -809,7 +809,8 @@ Test(checkpoint, eval_matches_the_reference_loss)
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	make_tmpdir();
-	struct ng_gpt_config cfg = { 2, 2, 64, 16, 300 + (int)ng_rng_below(&r, 200), 0 };
+	struct ng_gpt_config cfg = { 2, 2, 64, 16, 300 + (int)ng_rng_below(&r, 200), 0,
+				      NG_ARCH_GPT2 };
 	cr_assert_eq(ng_gpt_check(&cfg), NG_OK);
 	struct ng_gpt_layout lay;
 	float *p = random_params(&cfg, &lay, &r);
