@@ -487,6 +487,8 @@ static enum ng_status run_update_op(struct ng_exec *e, const struct ng_graph *g,
 			return ng_exec_dp_adamw_shard_(e, g, op, s);
 		for (int i = 0; i < NG_P_COUNT; i++) {
 			const struct ng_param_spec *p = &g->lay.p[i];
+			if (!ng_param_present(p)) /* the other family's */
+				continue;
 			enum ng_status r = ng_adamw(pp(e, g, op->out[0], i, 0), /* hi, lo */
 						    pp(e, g, op->out[1], i, 0),
 						    pp(e, g, op->in[0], i, 0),

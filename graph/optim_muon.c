@@ -110,7 +110,7 @@ enum ng_status ng_optim_muon_run_(struct ng_exec *e, const struct ng_graph *g,
 	enum ng_status r = ng_muon_schedule(sc, st, *c, s);
 	for (int i = 0; i < NG_P_COUNT && !r; i++) {
 		int group = ng_muon_adam_group_of((enum ng_param_id)i);
-		if (group < 0)
+		if (group < 0 || !ng_param_present(&g->lay.p[i]))
 			continue;
 		r = ng_muon_adam(param_at(e, g, hi, i), param_at(e, g, lo, i), param_at(e, g, am, i),
 				 param_at(e, g, av, i), param_at(e, g, grads, i), g->lay.p[i].numel,
