@@ -138,7 +138,8 @@ void ng_ref_qk_norm_rotary_bwd(double *dqkv, const double *dout, const double *q
 		for (int j = 0; j < 2 * H; j++) {
 			size_t off = (size_t)j * D;
 			rotate_(dy, drow + off, freq, -(double)(n % T), D);
-			rmsnorm_row_bwd_(dxrow + off, dy, row + off, rstd[(size_t)n * 2 * H + j], D);
+			rmsnorm_row_bwd_(dxrow + off, dy, row + off, rstd[(size_t)n * 2 * H + j],
+					 D);
 		}
 		for (size_t c = (size_t)2 * H * D; c < C3; c++)
 			dxrow[c] += drow[c];
@@ -177,8 +178,9 @@ void ng_ref_mix2_bwd(double *du, double *dw, double *da, double *db, const doubl
 			du[i] += a * dout[i];
 		if (dw)
 			dw[i] += b * dout[i];
-		sa += dout[i] * u[i];
-		if (w)
+		if (da)
+			sa += dout[i] * u[i];
+		if (db && w)
 			sb += dout[i] * w[i];
 	}
 	if (da)
