@@ -155,10 +155,10 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 						   NG_SPR_WINDOW_BLOCK, s);
 		if (!st)
 			st = ng_attention_lower_bound(lo, T_(op->in[0]), win, e->att.max_window, B, T,
-						      NG_SPR_BOS, s);
+						      c->V - 1, s);
 		if (!st)
 			st = ng_attention_lower_bound(lo + (size_t)N, T_(op->in[0]), win + 1,
-						      e->att_short.max_window, B, T, NG_SPR_BOS, s);
+						      e->att_short.max_window, B, T, c->V - 1, s);
 		return st;
 	}
 	case NG_OP_EMBED_FWD: {

@@ -117,7 +117,8 @@ static inline int ng_spr_ve(const struct ng_gpt_config *c, int l)
 #define NG_SPR_ATTN_SCALE 0.12        /* softmax scale (not 1/sqrt(D)) */
 #define NG_SPR_SOFTCAP 30.0           /* logits = 30 sigmoid(z / (7.5 sqrt(C))) */
 #define NG_SPR_SOFTCAP_DIV 7.5
-#define NG_SPR_BOS 50256              /* <|endoftext|>: starts a document */
+#define NG_SPR_BOS 50256              /* <|endoftext|>, V - 1 of GPT-2's vocabulary: the token
+                                       * V - 1 starts a document */
 #define NG_SPR_WINDOW_BLOCK 128       /* the window counts blocks of this many tokens */
 
 /* Presets "tiny", "d12", "d24", "d36", "d48" (GPT-2), "speedrun" (12 x 768, 6 heads of 128,

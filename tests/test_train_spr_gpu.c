@@ -1,0 +1,207 @@
+/*
+ * tests/test_train_spr_gpu.c — the speedrun model's whole GPU step (graph/step_spr.c, run by
+ * graph/exec_spr.c) against its double-precision CPU reference (graph/cpu_spr.c) on the tiny
+ * preset, and the captured graph against eager launches.
+ *
+ * The step is taken from a state with every tensor random (the zero-initialised projections and
+ * head would leave most gradients zero), at a step count where the windows are 3 blocks (long)
+ * and 1 block (short) of 128 tokens, with sequences longer than the long window and several
+ * documents. Tolerances as tests/test_train_gpu.c derives them: bf16 activations (unit roundoff
+ * 2^-8) through ~10 rounded ops a block, compared as whole tensors by relative L2 error: 4e-2
+ * for gradients, 1e-2 for the loss. The loss the GPU reports is the mean over the step's tokens;
+ * its gradient is that of the sum (the reference's training loss).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "graph/cpu_spr.h"
+#include "graph/exec.h"
+#include "graph/step_spr.h"
+#include "kernels/check.h"
+#include "util/rng.h"
+
+#define TOTAL_STEPS 10
+#define AT_STEP 2 /* W = ceil(13.5 * 2 / 10) = 3 blocks: long 384 tokens, short 128 */
+
+static void spr_config(struct ng_exec_config *c, int B, int T, int K, int deterministic)
+{
+	memset(c, 0, sizeof(*c));
+	cr_assert_eq(ng_gpt_preset(&c->model, "speedrun-tiny"), NG_OK);
+	c->model.T = T;
+	cr_assert_eq(ng_gpt_check(&c->model), NG_OK, "%s", ng_error_message());
+	c->B = B;
+	c->T = T;
+	c->K = K;
+	ng_step_default_options(&c->step);
+	c->sched = (struct ng_schedule){ 1e-3f, 0.1f, 0, TOTAL_STEPS, 1 };
+	c->clip = 0;
+	c->beta1 = 0.9f;
+	c->beta2 = 0.95f;
+	c->eps = 1e-8f;
+	c->seed = 11;
+	c->deterministic = deterministic;
+}
+
+/* Random parameters: every tensor present, the scalars near their init. */
+static void random_params(const struct ng_gpt_layout *lay, float *p, struct ng_rng *r)
+{
+	memset(p, 0, lay->total * sizeof(float));
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		const struct ng_param_spec *s = &lay->p[i];
+		double centre = i == NG_P_XLAMBDA || i == NG_P_VLAMBDA || i == NG_P_SKIPW ? 0.7 : 0;
+		double std = centre ? 0.3 : i == NG_P_WTE || i == NG_P_VE ? 1.0 : 0.1;
+		for (size_t k = 0; k < s->numel; k++)
+			p[s->offset + k] = (float)(centre + std * ng_rng_normal(r));
+	}
+}
+
+/* Tokens of K x B windows of T + 1: random, with a document start every ~90 tokens. */
+static void fill_tokens(uint16_t *tok, int n, int V, struct ng_rng *r)
+{
+	for (int i = 0; i < n; i++)
+		tok[i] = (uint16_t)(ng_rng_below(r, 90) == 0 ? (uint64_t)V - 1
+							     : ng_rng_below(r, (uint64_t)V - 1));
+}
+
+static double rel_l2(const float *a, const double *ref, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = a[i] - ref[i];
+		num += d * d;
+		den += ref[i] * ref[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void step_matches(int B, int T, int K)
+{
+	uint64_t seed = (uint64_t)time(NULL);
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	struct ng_exec_config c;
+	spr_config(&c, B, T, K, 0);
+	struct ng_exec e;
+	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
+	fprintf(stderr, "speedrun step B=%d T=%d K=%d: %s | %s\n", B, T, K,
+		ng_attention_describe(&e.att), ng_attention_describe(&e.att_short));
+	const struct ng_graph *g = &e.train;
+	size_t total = g->lay.total;
+	float *p0 = malloc(total * 4), *zero = calloc(total, 4), *grads = malloc(total * 4);
+	cr_assert(p0 && zero && grads);
+	random_params(&g->lay, p0, &r);
+	cr_assert_eq(ng_exec_restore(&e, p0, zero, zero, AT_STEP, 0), NG_OK, "%s",
+		     ng_error_message());
+	uint16_t *tok;
+	cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
+	fill_tokens(tok, K * B * (T + 1), c.model.V, &r);
+	cr_assert_eq(ng_exec_submit(&e), NG_OK, "%s", ng_error_message());
+	struct ng_metrics_record rec;
+	int n;
+	cr_assert_eq(ng_exec_collect(&e, &rec, NULL, 1, true, &n), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(n, 1);
+	cr_assert_eq(ng_exec_download(&e, g->t_grads, grads), NG_OK);
+
+	struct ng_cpu_spr_model m;
+	cr_assert_eq(ng_cpu_spr_init(&m, &c.model, B, T, c.seed), NG_OK, "%s", ng_error_message());
+	ng_cpu_spr_load_params(&m, p0);
+	int32_t *in = malloc(sizeof(int32_t) * B * T), *tg = malloc(sizeof(int32_t) * B * T);
+	cr_assert(in && tg);
+	double loss = 0;
+	int W = ng_spr_window_blocks(AT_STEP, TOTAL_STEPS);
+	ng_cpu_spr_zero_grad(&m);
+	for (int k = 0; k < K; k++) {
+		for (int b = 0; b < B; b++)
+			for (int t = 0; t < T; t++) {
+				in[b * T + t] = tok[(k * B + b) * (T + 1) + t];
+				tg[b * T + t] = tok[(k * B + b) * (T + 1) + t + 1];
+			}
+		double l;
+		cr_assert_eq(ng_cpu_spr_forward(&m, in, tg, W, &l), NG_OK, "%s", ng_error_message());
+		cr_assert_eq(ng_cpu_spr_backward(&m, 1.0), NG_OK);
+		loss += l;
+	}
+	double mean = loss / ((double)K * B * T);
+	double lerr = fabs(rec.loss - mean) / mean;
+	fprintf(stderr, "speedrun step: loss gpu %.6f ref %.6f (W = %d blocks)\n", rec.loss, mean, W);
+	cr_expect(lerr < 1e-2, "loss gpu %.6f ref %.6f rel err %.2e (seed %llu)", rec.loss, mean,
+		  lerr, (unsigned long long)seed);
+	for (int i = 0; i < NG_P_COUNT; i++) {
+		const struct ng_param_spec *p = &g->lay.p[i];
+		if (!ng_param_present(p))
+			continue;
+		double err = rel_l2(grads + p->offset, m.grads + p->offset, p->numel);
+		fprintf(stderr, "grad %-9s rel L2 err %.3e\n", p->name, err);
+		cr_expect(err < 4e-2, "grad %s: rel L2 err %.3e (seed %llu)", p->name, err,
+			  (unsigned long long)seed);
+	}
+	ng_cpu_spr_free(&m);
+	free(in), free(tg), free(p0), free(zero), free(grads);
+	ng_exec_free(&e);
+}
+
+Test(train_spr_gpu, step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	step_matches(2, 400, 1);
+}
+
+Test(train_spr_gpu, accumulated_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	step_matches(1, 520, 2); /* T not a multiple of 128; two micro-batches summed */
+}
+
+/* --deterministic: the captured graph replayed gives the bytes of eager launches (--no-graph),
+ * over three steps in which the window grows. */
+Test(train_spr_gpu, graph_equals_eager_deterministic)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	struct ng_rng r;
+	ng_rng_seed(&r, 5);
+	float *out[2] = { NULL, NULL };
+	size_t total = 0;
+	for (int run = 0; run < 2; run++) {
+		struct ng_exec_config c;
+		spr_config(&c, 2, 400, 1, 1);
+		c.no_graph = run == 1;
+		struct ng_exec e;
+		cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
+		total = e.train.lay.total;
+		float *p0 = malloc(total * 4), *zero = calloc(total, 4);
+		out[run] = malloc(total * 4);
+		cr_assert(p0 && zero && out[run]);
+		struct ng_rng rr = r;
+		random_params(&e.train.lay, p0, &rr);
+		cr_assert_eq(ng_exec_restore(&e, p0, zero, zero, AT_STEP, 0), NG_OK);
+		for (int s = 0; s < 3; s++) {
+			uint16_t *tok;
+			cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
+			fill_tokens(tok, 2 * 401, e.cfg.model.V, &rr);
+			cr_assert_eq(ng_exec_submit(&e), NG_OK, "%s", ng_error_message());
+			struct ng_metrics_record rec;
+			int n;
+			cr_assert_eq(ng_exec_collect(&e, &rec, NULL, 1, true, &n), NG_OK, "%s",
+				     ng_error_message());
+		}
+		long long step, nsk;
+		cr_assert_eq(ng_exec_snapshot(&e, out[run], NULL, NULL, &step, &nsk), NG_OK);
+		cr_expect_eq(step, AT_STEP + 3);
+		free(p0), free(zero);
+		ng_exec_free(&e);
+	}
+	size_t bad = total;
+	for (size_t i = 0; i < total && bad == total; i++)
+		if (memcmp(&out[0][i], &out[1][i], 4) != 0)
+			bad = i;
+	cr_expect(bad == total, "graph and eager differ at parameter element %zu: %.9g vs %.9g",
+		  bad, bad < total ? out[0][bad] : 0.0, bad < total ? out[1][bad] : 0.0);
+	free(out[0]), free(out[1]);
+}
