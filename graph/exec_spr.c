@@ -166,7 +166,9 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 				       (size_t)op->index * c->Vp * C;
 		return ng_embed_fwd(T_(op->out[0]), table, T_(op->in[0]), N, C, s);
 	}
-	case NG_OP_EMBED_BWD: { /* the tokens sorted early by ENCODER_SORT */
+	case NG_OP_EMBED_BWD: { /* the tokens sorted early by ENCODER_SORT, on side_stream */
+		if (NG_CUDA_CHECK(cudaStreamWaitEvent(s, e->side_join, 0)))
+			return NG_ERR_RUNTIME;
 		float *dtable = (float *)T_(op->out[0]) + p[op->param[0]].offset +
 				(size_t)op->index * c->Vp * C;
 		return ng_encoder_bwd_sorted(dtable, NULL, T_(op->in[0]), T_(op->in[1]), B, T, C,
