@@ -11,6 +11,7 @@
 
 #include "graph/cpu_ops.h"
 #include "graph/cpu_spr_ops.h"
+#include "util/rng.h"
 
 /* The arena being laid out: with base NULL it only counts. */
 struct arena_ {
@@ -146,6 +147,25 @@ void ng_cpu_spr_load_params(struct ng_cpu_spr_model *m, const float *params)
 {
 	for (size_t i = 0; i < m->lay.total; i++)
 		m->params[i] = params[i];
+}
+
+void ng_cpu_spr_randomize(struct ng_cpu_spr_model *m, uint64_t seed)
+{
+	const struct ng_param_spec *p = m->lay.p;
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	struct { int id; double mean, std; } t[] = {
+		{ NG_P_ATTPROJW, 0.0, 0.15 }, { NG_P_FCPROJW, 0.0, 0.08 }, { NG_P_HEADW, 0.0, 1.5 },
+		{ NG_P_VLAMBDA, 0.5, 0.3 }, { NG_P_SKIPW, 1.0, 0.3 },
+	};
+	for (size_t k = 0; k < sizeof(t) / sizeof(t[0]); k++)
+		for (size_t j = 0; j < p[t[k].id].numel; j++)
+			m->params[p[t[k].id].offset + j] = t[k].mean + t[k].std * ng_rng_normal(&r);
+	double *xl = m->params + p[NG_P_XLAMBDA].offset;
+	for (int l = 0; l < m->cfg.L; l++) {
+		xl[2 * l] = 1.0 + 0.3 * ng_rng_normal(&r);
+		xl[2 * l + 1] = 0.5 * ng_rng_normal(&r);
+	}
 }
 
 void ng_cpu_spr_zero_grad(struct ng_cpu_spr_model *m)
