@@ -19,9 +19,10 @@ Weights load from graph/gpt.h's flat layout (layout() and load_flat() say where 
 Modes:
   --check  float64 on the CPU: runs build/tools/spr_ref_dump (one forward + backward of our CPU
            reference with randomised weights and tokens, two or more document starts) for each
-           window of --windows, with the exact head and (--fp8-check) the simulated FP8 head, and
-           prints the loss and every gradient's max relative difference against it, plus our FP8
-           rounding against torch's float8 casts. Agreement is expected at ~1e-10 or better.
+           window of --windows, with the exact head and the simulated FP8 head (unless
+           --no-fp8-check), and prints the loss and every gradient's max relative difference
+           against it, plus our FP8 rounding against torch's float8 casts. Measured: ~2e-14 on
+           speedrun-tiny (5 s) and on the full speedrun preset at B=1 T=200 (160 s, 14 GiB).
              python3 tools/peer/speedrun_peer.py --check [--model speedrun-tiny] [--batch 2]
                  [--seq 200] [--windows 1,3] [--build build]
   training on a GPU: bf16 autocast, torch.compile, AdamW (the speedrun's Muon is not here yet),
@@ -275,7 +276,7 @@ def load_flat(model, flat):
     with torch.no_grad():
         for name, targets in param_map(model).items():
             shape, off = lay[name]
-            src = torch.from_numpy(np.ascontiguousarray(flat[off:off + int(np.prod(shape))]))
+            src = torch.from_numpy(np.array(flat[off:off + int(np.prod(shape))]))  # a copy
             src = src.reshape(shape)
             for p, i in targets:
                 t = src if i is None else src[i]
