@@ -11,6 +11,7 @@
 
 #include "graph/cpu_ops.h"
 #include "graph/cpu_spr_ops.h"
+#include "util/rng.h"
 
 /* The arena being laid out: with base NULL it only counts. */
 struct arena_ {
@@ -148,6 +149,25 @@ void ng_cpu_spr_load_params(struct ng_cpu_spr_model *m, const float *params)
 		m->params[i] = params[i];
 }
 
+void ng_cpu_spr_randomize(struct ng_cpu_spr_model *m, uint64_t seed)
+{
+	const struct ng_param_spec *p = m->lay.p;
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	struct { int id; double mean, std; } t[] = {
+		{ NG_P_ATTPROJW, 0.0, 0.15 }, { NG_P_FCPROJW, 0.0, 0.08 }, { NG_P_HEADW, 0.0, 1.5 },
+		{ NG_P_VLAMBDA, 0.5, 0.3 }, { NG_P_SKIPW, 1.0, 0.3 },
+	};
+	for (size_t k = 0; k < sizeof(t) / sizeof(t[0]); k++)
+		for (size_t j = 0; j < p[t[k].id].numel; j++)
+			m->params[p[t[k].id].offset + j] = t[k].mean + t[k].std * ng_rng_normal(&r);
+	double *xl = m->params + p[NG_P_XLAMBDA].offset;
+	for (int l = 0; l < m->cfg.L; l++) {
+		xl[2 * l] = 1.0 + 0.3 * ng_rng_normal(&r);
+		xl[2 * l + 1] = 0.5 * ng_rng_normal(&r);
+	}
+}
+
 void ng_cpu_spr_zero_grad(struct ng_cpu_spr_model *m)
 {
 	memset(m->grads, 0, m->lay.total * sizeof(double));
@@ -175,7 +195,7 @@ static enum ng_status check_tokens_(const struct ng_cpu_spr_model *m, const int3
 	return NG_OK;
 }
 
-/* The block whose output block l (>= L/2) adds, and its skip weight index. */
+/* The block whose output block l (>= L/2) adds (its skip weight is skipw[l - L/2]). */
 static int skip_src_(const struct ng_cpu_spr_model *m, int l) { return m->cfg.L - 1 - l; }
 
 /* The FP8 head's input scale sqrt(C) / 448, and the soft cap's divisor 7.5 sqrt(C). */
@@ -230,13 +250,14 @@ static void head_bwd_(struct ng_cpu_spr_model *m, double *dxf)
 		dw[i] += s->dw8[i] * gs * xs;
 }
 
-/* The value mixing of every token row: v (the C values after q and k in qkvr) = a0 v + a1 ve,
- * or a0 v when ve is NULL. */
-static void value_mix_fwd_(double *qkvr, const double *ve, double a0, double a1, int N, int C)
+/* The value mixing of every token row: the v of qkvr (the C values after q and k) = a0 v + a1 ve
+ * from the v of qkv, or a0 v when ve is NULL. */
+static void value_mix_fwd_(double *qkvr, const double *qkv, const double *ve, double a0,
+			   double a1, int N, int C)
 {
 	for (int n = 0; n < N; n++) {
-		double *v = qkvr + (size_t)n * 3 * C + 2 * (size_t)C;
-		ng_ref_mix2_fwd(v, a0, v, a1, ve ? ve + (size_t)n * C : NULL, C);
+		size_t v = (size_t)n * 3 * C + 2 * (size_t)C;
+		ng_ref_mix2_fwd(qkvr + v, a0, qkv + v, a1, ve ? ve + (size_t)n * C : NULL, C);
 	}
 }
 
@@ -292,7 +313,8 @@ enum ng_status ng_cpu_spr_forward(struct ng_cpu_spr_model *m, const int32_t *inp
 					  3 * C);
 			ng_ref_qk_norm_rotary_fwd(qkvr, a->qk_rstd + (size_t)l * N * 2 * H, qkv, N,
 						  T, H, D, NG_SPR_RMS_EPS);
-			value_mix_fwd_(qkvr, ve >= 0 ? a->ve + ve * NC : NULL, vl[0], vl[1], N, C);
+			value_mix_fwd_(qkvr, qkv, ve >= 0 ? a->ve + ve * NC : NULL, vl[0], vl[1], N,
+				       C);
 			ng_ref_attention_masked_fwd(atty, NULL, qkvr, m->doc,
 						    ng_cpu_spr_block_window(cfg, l, window),
 						    NG_SPR_ATTN_SCALE, B, T, H, D);

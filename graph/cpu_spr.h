@@ -130,6 +130,12 @@ void ng_cpu_spr_free(struct ng_cpu_spr_model *m);
 /* Replace the parameters with a float copy (lay.total elements, the ng_gpt_init layout). */
 void ng_cpu_spr_load_params(struct ng_cpu_spr_model *m, const float *params);
 
+/* For checks: give the zero-initialised matrices and the scalars seeded random values, so every
+ * gradient carries signal: attprojw N(0, 0.15), fcprojw N(0, 0.08), headw N(0, 1.5) (the
+ * logits then spread over much of the soft cap), xlambda (1 + N(0, 0.3), N(0, 0.5)), vlambda
+ * 0.5 + N(0, 0.3), skipw 1 + N(0, 0.3). The other tensors keep their values. */
+void ng_cpu_spr_randomize(struct ng_cpu_spr_model *m, uint64_t seed);
+
 /* Forward over inputs (B, T) in [0, V) at window W >= 1. With targets (B, T) in [0, V) it
  * computes the losses and returns their sum in *loss_sum (may be NULL); with targets NULL it
  * stops at the logits (*loss_sum = 0). NG_ERR_INPUT for a bad token or window (then nothing is

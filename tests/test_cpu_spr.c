@@ -6,8 +6,9 @@
  *   - the gradient of every tensor against fourth-order central finite differences of the loss
  *     (samples in every slice), with the zero-initialised tensors (attprojw, fcprojw, headw) and
  *     the scalars randomised so every path carries signal, two document starts in the batch:
- *     B = 2, T = 40 (windows longer than T) and B = 1, T = 300 at windows 1 and 3 (128 and 384
- *     tokens, so the window cuts the long-window blocks at W = 1 only);
+ *     B = 2, T = 24 (windows longer than T), B = 1, T = 300 at windows 1 and 3 (128 and 384
+ *     tokens, so the window cuts the long-window blocks at W = 1 only), and L = 8 (a block
+ *     with attention but no value embedding);
  *   - the FP8 head: logits and gradients against a direct evaluation of its definition;
  *   - bad input (token, window, backward without targets) is a returned status.
  * The FD runs on the mean loss (~7), each stencil free of relu^2 kinks (fd_element_), relative
@@ -38,24 +39,10 @@ static void random_tokens_(int32_t *tok, size_t n, int V)
 		tok[i] = (int32_t)ng_rng_below(&rng_, (uint64_t)V - 1); /* never bos = V - 1 */
 }
 
-/* Fill the zero-initialised matrices and the scalars with random values of a useful size (the
- * rest keeps its init): the head's logits then spread over a good part of the soft cap. */
+/* ng_cpu_spr_randomize from the test's random stream. */
 static void randomize_(struct ng_cpu_spr_model *m)
 {
-	const struct ng_param_spec *p = m->lay.p;
-	struct { int id; double mean, std; } r[] = {
-		{ NG_P_ATTPROJW, 0.0, 0.15 }, { NG_P_FCPROJW, 0.0, 0.08 }, { NG_P_HEADW, 0.0, 1.5 },
-		{ NG_P_VLAMBDA, 0.5, 0.3 }, { NG_P_SKIPW, 1.0, 0.3 },
-	};
-	for (size_t k = 0; k < sizeof(r) / sizeof(r[0]); k++)
-		for (size_t j = 0; j < p[r[k].id].numel; j++)
-			m->params[p[r[k].id].offset + j] =
-				r[k].mean + r[k].std * ng_rng_normal(&rng_);
-	double *xl = m->params + p[NG_P_XLAMBDA].offset;
-	for (int l = 0; l < m->cfg.L; l++) {
-		xl[2 * l] = 1.0 + 0.3 * ng_rng_normal(&rng_);
-		xl[2 * l + 1] = 0.5 * ng_rng_normal(&rng_);
-	}
+	ng_cpu_spr_randomize(m, ng_rng_u64(&rng_));
 }
 
 struct loss_ctx {
@@ -165,10 +152,11 @@ static void fd_every_tensor_(struct ng_cpu_spr_model *m, struct loss_ctx *c, int
 }
 
 /* Two documents start inside the batch: bos (V - 1) at the given positions. */
-static void fd_case_(int B, int T, const int *windows, int nw, const size_t *bos_at, int nbos,
-		     int all_slices)
+static void fd_case_(int L, int B, int T, const int *windows, int nw, const size_t *bos_at,
+		     int nbos, int all_slices)
 {
 	struct ng_gpt_config cfg = tiny_cfg_();
+	cfg.L = L;
 	struct ng_cpu_spr_model m;
 	cr_assert(ng_cpu_spr_init(&m, &cfg, B, T, seed_) == NG_OK, "%s", ng_error_message());
 	size_t N = (size_t)B * T;
@@ -210,6 +198,13 @@ static void fd_case_(int B, int T, const int *windows, int nw, const size_t *bos
 				cr_expect(g[k] == 0.0, "unused wte row %d has a gradient", v);
 			break;
 		}
+		for (int l = 0; l < cfg.L; l++) {
+			int slot = ng_spr_attn_slot(&cfg, l);
+			const double *dvl = m.grads + m.lay.p[NG_P_VLAMBDA].offset;
+			if (slot >= 0 && ng_spr_ve(&cfg, l) < 0)
+				cr_expect(dvl[2 * slot + 1] == 0.0, "block %d has no value "
+					  "embedding, but its a1 has a gradient", l);
+		}
 		for (size_t i = 0; i < nf; i++)
 			sign[i] = m.a.fch[i] > 0.0;
 		c.sign = sign;
@@ -229,7 +224,16 @@ Test(cpu_spr, finite_differences_short, .init = setup_, .timeout = 300)
 	 * 0 and t = 9 of sequence 1 */
 	const int w[1] = { 1 };
 	const size_t bos[2] = { 13, 24 + 9 };
-	fd_case_(2, 24, w, 1, bos, 2, 1);
+	fd_case_(6, 2, 24, w, 1, bos, 2, 1);
+}
+
+Test(cpu_spr, finite_differences_block_without_value_embedding, .init = setup_, .timeout = 300)
+{
+	/* L = 8: block 4 has no attention, and block 3 has attention without a value embedding
+	 * (v = a0 v: its a1 gets exactly no gradient) */
+	const int w[1] = { 1 };
+	const size_t bos[2] = { 5, 11 };
+	fd_case_(8, 1, 16, w, 1, bos, 2, 1);
 }
 
 Test(cpu_spr, finite_differences_windows, .init = setup_, .timeout = 300)
@@ -239,7 +243,7 @@ Test(cpu_spr, finite_differences_windows, .init = setup_, .timeout = 300)
 	 * one (270 tokens) is longer than the windows */
 	const int w[2] = { 1, 3 };
 	const size_t bos[2] = { 20, 290 };
-	fd_case_(1, 300, w, 2, bos, 2, 0);
+	fd_case_(6, 1, 300, w, 2, bos, 2, 0);
 }
 
 Test(cpu_spr, block_windows)

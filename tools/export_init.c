@@ -11,7 +11,8 @@
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
-		fprintf(stderr, "usage: export_init tiny|d12|d24|d36|d48 SEED OUT\n");
+		fprintf(stderr, "usage: export_init tiny|d12|d24|d36|d48|speedrun|speedrun-tiny SEED "
+			"OUT\n");
 		return 2;
 	}
 	struct ng_gpt_config cfg;

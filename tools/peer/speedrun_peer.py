@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""tools/peer/speedrun_peer.py - the speedrun model (graph/gpt.h arch NG_ARCH_SPEEDRUN) in
+PyTorch, written with standard modules: one nn.Module per block, nn.Linear without bias (qkv one
+(3C, C) Linear), nn.Embedding, weightless F.rms_norm, attention through
+F.scaled_dot_product_attention with an explicit boolean mask on the CPU and flex_attention with
+the same mask on CUDA. It is the independent implementation the CPU reference
+(graph/cpu_spr.c) is checked against, and the PyTorch side of speed and loss comparisons.
+
+The model (graph/cpu_spr.h states it; these are the same choices):
+  - B sequences of T tokens; rotary position = index in the sequence; a document starts at each
+    token equal to bos = V - 1 (<|endoftext|> = 50256 for GPT-2's vocabulary);
+  - token-granular window: a long-window block (0, L/3, L-1) sees t - s < W * 128, the others
+    t - s < max(1, W // 2) * 128, on top of causal and same-document;
+  - the head covers all Vp columns, and so does the loss, summed over the tokens;
+  - the value mixing v = a0 v + a1 ve (a0 v in blocks without a value embedding), the x0 mixing
+    x = l0 x + l1 x0, the U-net skips x = x + skipw[j] * (output of block L/2 - 1 - j).
+Weights load from graph/gpt.h's flat layout (layout() and load_flat() say where each goes).
+
+Modes:
+  --check  float64 on the CPU: runs build/tools/spr_ref_dump (one forward + backward of our CPU
+           reference with randomised weights and tokens, two or more document starts) for each
+           window of --windows, with the exact head and the simulated FP8 head (unless
+           --no-fp8-check), and prints the loss and every gradient's max relative difference
+           against it, plus our FP8 rounding against torch's float8 casts. Measured: ~2e-14 on
+           speedrun-tiny (5 s) and on the full speedrun preset at B=1 T=200 (160 s, 14 GiB).
+             python3 tools/peer/speedrun_peer.py --check [--model speedrun-tiny] [--batch 2]
+                 [--seq 200] [--windows 1,3] [--build build]
+  training on a GPU: bf16 autocast, torch.compile, AdamW (the speedrun's Muon is not here yet),
+           the exact head in bf16 (no FP8), window ramp W = max(1, ceil(13.5 step / steps)):
+             python3 tools/peer/speedrun_peer.py --model speedrun --init init.bin \
+                 --train 'shards/train_*.bin' --steps 100
+           (init.bin from build/tools/export_init speedrun SEED init.bin). This mode has not been
+           run on a GPU yet.
+"""
+import argparse, glob, math, os, subprocess, sys, tempfile
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+ALIGN = 64             # graph/gpt.h NG_PARAM_ALIGN
+RMS_EPS = 1.1920929e-7  # NG_SPR_RMS_EPS
+ATTN_SCALE = 0.12      # NG_SPR_ATTN_SCALE
+SOFTCAP, SOFTCAP_DIV = 30.0, 7.5
+WINDOW_BLOCK = 128     # NG_SPR_WINDOW_BLOCK
+N_VE = 3               # NG_SPR_VE
+
+# name: (layers, heads, channels, context, vocabulary) -- graph/gpt.c's speedrun presets
+PRESETS = {"speedrun": (12, 6, 768, 49152, 50257), "speedrun-tiny": (6, 2, 64, 512, 512)}
+
+
+def padded_vocab(V):
+    return (V + 127) // 128 * 128
+
+
+# graph/gpt.h's per-block rules (ng_spr_*)
+def no_attn(L):
+    return L * 7 // 12
+
+
+def attn_slot(L, l):
+    n = no_attn(L)
+    return -1 if l == n else (l if l < n else l - 1)
+
+
+def long_window(L, l):
+    return l == 0 or l == L // 3 or l == L - 1
+
+
+def ve_table(L, l):
+    if l < N_VE:
+        return l
+    if l >= L - N_VE:
+        return l - (L - N_VE)
+    return -1
+
+
+def block_window(L, l, W):
+    """Tokens block l sees back (graph/cpu_spr.h ng_cpu_spr_block_window)."""
+    return max(1, W if long_window(L, l) else W // 2) * WINDOW_BLOCK
+
+
+def layout(L, C, Vp):
+    """graph/gpt.h's flat layout for the speedrun family, in enum ng_param_id order (the GPT-2
+    tensors it lacks take no space): {name: (shape, offset)} and the total."""
+    La = L - 1
+    specs = [("wte", (Vp, C)), ("qkvw", (La, 3 * C, C)), ("attprojw", (La, C, C)),
+             ("fcw", (L, 4 * C, C)), ("fcprojw", (L, C, 4 * C)), ("ve", (N_VE, Vp, C)),
+             ("headw", (Vp, C)), ("xlambda", (L, 2)), ("vlambda", (La, 2)), ("skipw", (L // 2,))]
+    out, off = {}, 0
+    for name, shape in specs:
+        n = int(np.prod(shape))
+        out[name] = (shape, off)
+        off += (n + ALIGN - 1) // ALIGN * ALIGN
+    return out, off
+
+
+def norm(x):
+    return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS)
+
+
+class Rotary(nn.Module):
+    """Half-truncated rotary: pair i is (x[i], x[i + D/2]); pairs i < D/4 turn at angular
+    frequency (1/1024)^(i / (D/4 - 1)), the others not at all."""
+
+    def __init__(self, D, T):
+        super().__init__()
+        q = D // 4
+        freq = (1 / 1024) ** torch.linspace(0, 1, steps=q, dtype=torch.float64) if q > 1 \
+            else torch.ones(1, dtype=torch.float64)
+        freq = torch.cat([freq, freq.new_zeros(D // 2 - q)])
+        theta = torch.arange(T, dtype=torch.float64)[:, None] * freq[None, :]
+        self.register_buffer("cos", theta.cos(), persistent=False)  # (T, D/2)
+        self.register_buffer("sin", theta.sin(), persistent=False)
+
+    def forward(self, x):  # (B, T, H, D)
+        T, h = x.size(1), x.size(-1) // 2
+        c, s = self.cos[None, :T, None, :].to(x.dtype), self.sin[None, :T, None, :].to(x.dtype)
+        x1, x2 = x[..., :h], x[..., h:]
+        return torch.cat([x1 * c + x2 * s, -x1 * s + x2 * c], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.H = H
+        self.qkv = nn.Linear(C, 3 * C, bias=False)  # rows: q | k | v, heads inside each
+        self.proj = nn.Linear(C, C, bias=False)
+        self.lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
+
+    def forward(self, x, ve, mask, rotary):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.H, C // self.H).unbind(2)
+        q, k = rotary(norm(q)), rotary(norm(k))
+        v = self.lambdas[0] * v + self.lambdas[1] * ve.view_as(v) if ve is not None \
+            else self.lambdas[0] * v
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if isinstance(mask, torch.Tensor):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=ATTN_SCALE)
+        else:
+            from torch.nn.attention.flex_attention import flex_attention
+            y = flex_attention(q, k, v, block_mask=mask, scale=ATTN_SCALE)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, C):
+        super().__init__()
+        self.fc = nn.Linear(C, 4 * C, bias=False)
+        self.proj = nn.Linear(4 * C, C, bias=False)
+
+    def forward(self, x):
+        return self.proj(F.relu(self.fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, C, H, has_attn):
+        super().__init__()
+        self.attn = Attention(C, H) if has_attn else None
+        self.mlp = MLP(C)
+        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))
+
+    def forward(self, x, x0, ve, mask, rotary):
+        x = self.lambdas[0] * x + self.lambdas[1] * x0
+        if self.attn is not None:
+            x = x + self.attn(norm(x), ve, mask, rotary)
+        return x + self.mlp(norm(x))
+
+
+class FP8Head(torch.autograd.Function):
+    """The reference's FP8 head, simulated in the input's dtype: x8 = e4m3(x / xs), w8 =
+    e4m3(w / ws), z = (x8 @ w8^T) xs ws; backward g8 = e5m2(dz / gs), dx = (g8 @ w8) gs ws,
+    dw = (g8^T @ x8) gs xs (graph/cpu_spr.h)."""
+
+    @staticmethod
+    def forward(ctx, x, w, xs, ws, gs):
+        x8 = (x / xs).to(torch.float8_e4m3fn).to(x.dtype)
+        w8 = (w / ws).to(torch.float8_e4m3fn).to(w.dtype)
+        ctx.save_for_backward(x8, w8)
+        ctx.scales = (xs, ws, gs)
+        return (x8 @ w8.t()) * (xs * ws)
+
+    @staticmethod
+    def backward(ctx, dz):
+        x8, w8 = ctx.saved_tensors
+        xs, ws, gs = ctx.scales
+        g8 = (dz / gs).to(torch.float8_e5m2).to(dz.dtype)
+        g2 = g8.reshape(-1, g8.size(-1))
+        dx = (g8 @ w8) * (gs * ws)
+        dw = (g2.t() @ x8.reshape(-1, x8.size(-1))) * (gs * xs)
+        return dx, dw, None, None, None
+
+
+class SpeedrunGPT(nn.Module):
+    def __init__(self, L, H, C, T, V, Vp, head_fp8=False):
+        super().__init__()
+        self.L, self.C, self.V, self.Vp, self.head_fp8 = L, C, V, Vp, head_fp8
+        self.bos = V - 1
+        self.embed = nn.Embedding(Vp, C)
+        self.value_embeds = nn.ModuleList(nn.Embedding(Vp, C) for _ in range(N_VE))
+        self.blocks = nn.ModuleList(Block(C, H, attn_slot(L, l) >= 0) for l in range(L))
+        self.lm_head = nn.Linear(C, Vp, bias=False)
+        self.skip_weights = nn.Parameter(torch.ones(L // 2))
+        self.rotary = Rotary(C // H, T)
+
+    def masks(self, idx, W):
+        """Per block: the boolean (B, 1, T, T) mask of SDPA on the CPU, a flex_attention
+        BlockMask on CUDA; True where query t sees key s."""
+        B, T = idx.shape
+        doc = (idx == self.bos).cumsum(1)
+        wins = sorted({block_window(self.L, l, W) for l in range(self.L)})
+        if idx.device.type == "cuda":
+            from torch.nn.attention.flex_attention import create_block_mask
+            out = {}
+            for w in wins:
+                def mask_mod(b, h, q, kv, w=w):
+                    return (kv <= q) & (q - kv < w) & (doc[b, kv] == doc[b, q])
+                out[w] = create_block_mask(mask_mod, B, None, T, T, device=idx.device)
+        else:
+            t = torch.arange(T, device=idx.device)
+            causal = t[None, :] <= t[:, None]
+            same = doc[:, :, None] == doc[:, None, :]
+            out = {w: (causal & (t[:, None] - t[None, :] < w) & same)[:, None] for w in wins}
+        return [out[block_window(self.L, l, W)] for l in range(self.L)]
+
+    def forward(self, idx, targets, W, masks=None):
+        """The summed loss; masks (from self.masks(idx, W)) may be made outside a compiled
+        forward."""
+        if masks is None:
+            masks = self.masks(idx, W)
+        x = x0 = norm(self.embed(idx))
+        ves = [self.value_embeds[ve_table(self.L, l)](idx) if ve_table(self.L, l) >= 0 and
+               self.blocks[l].attn is not None else None for l in range(self.L)]
+        skips, n = [], self.L // 2
+        for l, block in enumerate(self.blocks):
+            if l >= n:
+                x = x + self.skip_weights[l - n] * skips.pop()
+            x = block(x, x0, ves[l], masks[l], self.rotary)
+            if l < n:
+                skips.append(x)
+        x = norm(x)
+        if self.head_fp8:
+            z = FP8Head.apply(x, self.lm_head.weight, math.sqrt(self.C) / 448, 24 / 448, 1 / 448)
+        else:
+            z = self.lm_head(x)
+        if z.dtype in (torch.bfloat16, torch.float16):
+            z = z.float()  # the logits in fp32, as the reference's
+        s = SOFTCAP * torch.sigmoid(z / (SOFTCAP_DIV * math.sqrt(self.C)))
+        return F.cross_entropy(s.reshape(-1, self.Vp), targets.reshape(-1), reduction="sum")
+
+
+def param_map(model):
+    """graph/gpt.h's tensor name -> the parameters it fills: [(param, slice index or None)]."""
+    L = model.L
+    m = {"wte": [(model.embed.weight, None)], "headw": [(model.lm_head.weight, None)],
+         "skipw": [(model.skip_weights, None)],
+         "ve": [(model.value_embeds[t].weight, t) for t in range(N_VE)],
+         "fcw": [(model.blocks[l].mlp.fc.weight, l) for l in range(L)],
+         "fcprojw": [(model.blocks[l].mlp.proj.weight, l) for l in range(L)],
+         "xlambda": [(model.blocks[l].lambdas, l) for l in range(L)]}
+    att = [(l, attn_slot(L, l)) for l in range(L) if attn_slot(L, l) >= 0]
+    m["qkvw"] = [(model.blocks[l].attn.qkv.weight, s) for l, s in att]
+    m["attprojw"] = [(model.blocks[l].attn.proj.weight, s) for l, s in att]
+    m["vlambda"] = [(model.blocks[l].attn.lambdas, s) for l, s in att]
+    return m
+
+
+def load_flat(model, flat):
+    """Copy the flat parameters (graph/gpt.h's layout) into the model; every parameter is set."""
+    lay, total = layout(model.L, model.C, model.Vp)
+    assert flat.size == total, f"flat parameters have {flat.size} values, layout needs {total}"
+    done = set()
+    with torch.no_grad():
+        for name, targets in param_map(model).items():
+            shape, off = lay[name]
+            src = torch.from_numpy(np.array(flat[off:off + int(np.prod(shape))]))  # a copy
+            src = src.reshape(shape)
+            for p, i in targets:
+                t = src if i is None else src[i]
+                assert p.shape == t.shape, f"{name}: {tuple(p.shape)} against {tuple(t.shape)}"
+                p.copy_(t.to(p.dtype))
+                done.add(id(p))
+    left = [n for n, p in model.named_parameters() if id(p) not in done]
+    assert not left, f"parameters the flat file does not set: {left}"
+
+
+def flat_grads(model):
+    """The model's gradients in graph/gpt.h's flat layout (float64; padding zero)."""
+    lay, total = layout(model.L, model.C, model.Vp)
+    out = np.zeros(total)
+    for name, targets in param_map(model).items():
+        shape, off = lay[name]
+        view = out[off:off + int(np.prod(shape))].reshape(shape)
+        for p, i in targets:
+            g = p.grad.detach().double().numpy() if p.grad is not None else 0.0
+            if i is None:
+                view[...] = g
+            else:
+                view[i] = g
+    return out
+
+
+def read_dump(path):
+    """tools/spr_ref_dump.c's file."""
+    with open(path, "rb") as f:
+        assert f.read(8) == b"NGSPRREF", f"{path}: not a spr_ref_dump file"
+        h = np.frombuffer(f.read(64), dtype=np.int32)
+        assert h[0] == 1, f"{path}: version {h[0]}"
+        total = int(np.frombuffer(f.read(8), dtype=np.int64)[0])
+        keys = ["L", "H", "C", "Tctx", "V", "Vp", "B", "T", "window", "head_fp8", "bos", "n8"]
+        d = {k: int(v) for k, v in zip(keys, h[1:13])}
+        N = d["B"] * d["T"]
+        d["params"] = np.frombuffer(f.read(8 * total), dtype=np.float64)
+        tok = np.frombuffer(f.read(8 * N), dtype=np.int32)
+        d["inputs"] = tok[:N].reshape(d["B"], d["T"])
+        d["targets"] = tok[N:].reshape(d["B"], d["T"])
+        d["loss"] = float(np.frombuffer(f.read(8), dtype=np.float64)[0])
+        d["grads"] = np.frombuffer(f.read(8 * total), dtype=np.float64)
+        x8 = np.frombuffer(f.read(24 * d["n8"]), dtype=np.float64).reshape(3, d["n8"])
+        d["fp8_x"], d["fp8_e4m3"], d["fp8_e5m2"] = x8
+        assert not f.read(1), f"{path}: trailing bytes"
+    return d
+
+
+def check_fp8(d):
+    """Our E4M3 / E5M2 rounding against torch's casts, where torch's is finite (torch's casts do
+    not saturate: beyond the largest value they give NaN / infinity, ours the largest value)."""
+    x = torch.from_numpy(np.array(d["fp8_x"]))
+    worst = 0
+    for name, dt, ours in (("e4m3", torch.float8_e4m3fn, d["fp8_e4m3"]),
+                           ("e5m2", torch.float8_e5m2, d["fp8_e5m2"])):
+        t = x.to(dt).double().numpy()
+        fin = np.isfinite(t)
+        bad = int(np.sum(t[fin] != ours[fin]))
+        worst = max(worst, bad)
+        print(f"check: fp8 {name}: {int(fin.sum())} values against torch's cast, {bad} differ, "
+              f"{int((~fin).sum())} beyond its range (ours saturate)")
+    return worst == 0
+
+
+def check_one(a, W, fp8):
+    L, H, C, Tctx, V = PRESETS[a.model]
+    L = a.layers or L
+    Vp = padded_vocab(V)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ref.bin")
+        tool = os.path.join(a.build, "tools", "spr_ref_dump")
+        subprocess.run([tool, a.model, str(a.seed), str(a.batch), str(a.seq), str(W),
+                        str(int(fp8)), path, str(L)], check=True, stdout=subprocess.DEVNULL)
+        d = read_dump(path)
+    assert (d["L"], d["H"], d["C"], d["V"], d["Vp"]) == (L, H, C, V, Vp)
+    torch.set_default_dtype(torch.float64)
+    model = SpeedrunGPT(L, H, C, Tctx, V, Vp, head_fp8=fp8).double()
+    assert model.bos == d["bos"]
+    load_flat(model, d["params"])
+    idx = torch.from_numpy(d["inputs"].astype(np.int64))
+    tgt = torch.from_numpy(d["targets"].astype(np.int64))
+    loss = model(idx, tgt, W)
+    loss.backward()
+    lay, _ = layout(L, C, Vp)
+    ours, theirs = d["grads"], flat_grads(model)
+    dl = abs(loss.item() - d["loss"]) / abs(d["loss"])
+    print(f"check: L={L} W={W} fp8={int(fp8)} B={a.batch} T={a.seq} document starts "
+          f"{int((idx == model.bos).sum())}: loss peer {loss.item():.15g} ours "
+          f"{d['loss']:.15g} rel diff {dl:.3g}")
+    worst = dl
+    for name, (shape, off) in lay.items():
+        n = int(np.prod(shape))
+        o, t = ours[off:off + n], theirs[off:off + n]
+        scale = max(np.abs(o).max(), np.abs(t).max())
+        rel = np.abs(o - t).max() / scale if scale > 0 else 0.0
+        worst = max(worst, rel)
+        print(f"check:   {name:9s} {str(shape):18s} max |grad| {scale:.3g}  max rel diff "
+              f"{rel:.3g}")
+    return worst, d
+
+
+def check(a):
+    worst, ok8 = 0.0, True
+    for fp8 in ([False, True] if a.fp8_check else [False]):
+        for W in (int(w) for w in a.windows.split(",")):
+            w, d = check_one(a, W, fp8)
+            worst = max(worst, w)
+    ok8 = check_fp8(d)
+    good = worst < a.tol and ok8
+    print(f"check: worst relative difference {worst:.3g} (tolerance {a.tol:g}), fp8 casts "
+          f"{'agree' if ok8 else 'DIFFER'}: {'PASS' if good else 'FAIL'}")
+    return 0 if good else 1
+
+
+def train(a):
+    """bf16 autocast, torch.compile, AdamW; not yet run on a GPU."""
+    from steptime import Meter, summary, to_device
+    from gpt_peer import load_windows
+    L, H, C, T, V = PRESETS[a.model]
+    T = a.seq or T
+    Vp = padded_vocab(V)
+    dev = torch.device(a.device)
+    model = SpeedrunGPT(L, H, C, T, V, Vp)
+    _, total = layout(L, C, Vp)
+    flat = np.fromfile(a.init, dtype=np.float32) if a.init else \
+        np.random.default_rng(a.seed).standard_normal(total).astype(np.float32) * 0.02
+    load_flat(model, flat)
+    model.to(dev)
+    for m in model.modules():  # the four embedding tables are bf16, as the reference's
+        if isinstance(m, nn.Embedding):
+            m.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.8, 0.95), eps=1e-10,
+                            weight_decay=0.0, fused=dev.type == "cuda")
+    step_fn = torch.compile(model) if dev.type == "cuda" and not a.no_compile else model
+    if a.train:
+        wins = load_windows(glob.glob(a.train), T)
+        assert len(wins) >= a.batch, "fewer windows than one batch"
+    rng = np.random.default_rng(a.seed)
+    meter = Meter("speedrun-peer", a.steps, a.batch * T)
+    for step in range(a.steps):
+        W = max(1, math.ceil(13.5 * step / a.steps))
+        if a.train:
+            first = step * a.batch % (len(wins) - a.batch + 1)
+            tokens = np.stack(wins[first:first + a.batch])
+        else:
+            tokens = rng.integers(0, V, size=(a.batch, T + 1))
+        xy = to_device(tokens, dev)
+        masks = model.masks(xy[:, :-1], W)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            loss = step_fn(xy[:, :-1], xy[:, 1:], W, masks)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.step(step, a.lr, loss / (a.batch * T), torch.zeros((), device=dev))
+    print(summary("speedrun-peer", a.model, a.batch, T, 1, meter, dev), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true", help="float64 check against our CPU "
+                    "reference (tools/spr_ref_dump)")
+    ap.add_argument("--model", default=None, choices=sorted(PRESETS),
+                    help="default speedrun-tiny with --check, speedrun otherwise")
+    ap.add_argument("--layers", type=int, default=None, help="--check: another even L >= 6 "
+                    "(8 has a block with attention but no value embedding)")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None, help="tokens a sequence")
+    ap.add_argument("--windows", default="1,3", help="--check: windows (blocks of 128 tokens)")
+    ap.add_argument("--no-fp8-check", dest="fp8_check", action="store_false",
+                    help="--check: leave out the simulated FP8 head")
+    ap.add_argument("--tol", type=float, default=1e-9, help="--check: largest relative "
+                    "difference that passes")
+    ap.add_argument("--build", default="build", help="--check: the meson build directory")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--init", help="training: flat float32 init from build/tools/export_init")
+    ap.add_argument("--train", help="training: token shard glob (else random tokens)")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-compile", action="store_true")
+    a = ap.parse_args()
+    if a.check:
+        a.model = a.model or "speedrun-tiny"
+        a.batch = a.batch or 2
+        a.seq = a.seq or 200
+        return check(a)
+    a.model = a.model or "speedrun"
+    a.batch = a.batch or 1
+    train(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
