@@ -144,7 +144,13 @@ static enum ng_status capture(struct ng_exec *e, const struct ng_graph *g, const
 static enum ng_status capture_step(struct ng_exec *e)
 {
 	enum ng_status st = NG_OK;
-	if (!e->cfg.no_graph)
+	const int spr = e->cfg.model.arch == NG_ARCH_SPEEDRUN;
+	for (int v = 0; spr && v < NG_EXEC_SPR_BANDS && !st && !e->cfg.no_graph; v++) {
+		e->spr_variant = v; /* the step of window W = v + 1 */
+		st = capture(e, &e->train, e->train_plan, &e->spr_graph[v], &e->spr_exec[v]);
+	}
+	e->spr_variant = NG_EXEC_SPR_BANDS - 1; /* eval: the widest bands, right at any step */
+	if (!st && !e->cfg.no_graph && !spr)
 		st = capture(e, &e->train, e->train_plan, &e->train_graph, &e->train_exec);
 	if (!st && !e->cfg.no_graph && e->cfg.eval_batches > 0)
 		st = capture(e, &e->eval, e->eval_plan, &e->eval_graph, &e->eval_exec);
@@ -175,6 +181,7 @@ enum ng_status ng_exec_init(struct ng_exec *e, const struct ng_exec_config *cfg,
 	if (cfg->deterministic) /* a timed choice could differ between two runs */
 		e->cfg.autotune = 0;
 	e->inited = true;
+	e->spr_variant = NG_EXEC_SPR_BANDS - 1; /* the warm-up's: the widest bands */
 	ng_graph_init(&e->train);
 	ng_graph_init(&e->eval);
 	struct cudaDeviceProp prop;
@@ -224,7 +231,13 @@ void ng_exec_free(struct ng_exec *e)
 	if (e->mmctx.lt)
 		ng_matmul_ctx_free(&e->mmctx);
 	ng_attention_free(&e->att);
-	ng_attention_free(&e->att_short);
+	for (int k = 0; k < NG_EXEC_SPR_BANDS; k++) {
+		ng_attention_free(&e->att_band[k]);
+		if (e->spr_exec[k])
+			cudaGraphExecDestroy(e->spr_exec[k]);
+		if (e->spr_graph[k])
+			cudaGraphDestroy(e->spr_graph[k]);
+	}
 	if (e->cudnn)
 		cudnnDestroy(e->cudnn);
 	for (int i = 0; i < NG_EXEC_RING; i++)

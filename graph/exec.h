@@ -41,6 +41,7 @@
 
 #define NG_EXEC_RING 16       /* metrics records in flight, at most */
 #define NG_EXEC_MAX_PLANS 64  /* distinct matmul shapes of one model */
+#define NG_EXEC_SPR_BANDS 14  /* the speedrun window's largest W (graph/step_spr.h) */
 #define NG_EXEC_FP8_KINDS 9   /* timed fp8 kinds: 5 forward, 4 dinp (graph/step.h) */
 
 struct ng_exec_config {
@@ -104,9 +105,16 @@ struct ng_exec {
 	cudaEvent_t side_fork, side_join; /* its fork from stream, and its join before ENCODER_BWD */
 	cudnnHandle_t cudnn;
 	struct ng_matmul_ctx mmctx;
-	struct ng_attention att;       /* one plan: every layer has the same shape (the speedrun
-	                                * model: its long-window blocks') */
-	struct ng_attention att_short; /* the speedrun model's short-window blocks */
+	struct ng_attention att;       /* one plan: every layer has the same shape (GPT-2) */
+	/* The speedrun model: a plan per band of k blocks of 128 tokens (att_band[k - 1], k = 1 ..
+	 * NG_EXEC_SPR_BANDS), and a captured step per window W (spr_exec[W - 1]) whose long-window
+	 * blocks use the band W and the others max(1, W / 2): cuDNN skips the tiles outside the
+	 * band, so each step pays for its own window. The window itself is data (the per-query
+	 * lower bounds), so every variant computes the same values. */
+	struct ng_attention att_band[NG_EXEC_SPR_BANDS];
+	cudaGraph_t spr_graph[NG_EXEC_SPR_BANDS];
+	cudaGraphExec_t spr_exec[NG_EXEC_SPR_BANDS];
+	int spr_variant;               /* the W - 1 whose bands the ops use (capture, eager) */
 	struct ng_exec_matmul plans[NG_EXEC_MAX_PLANS];
 	int n_plans;
 	int *train_plan;               /* per train op: index into plans, or -1 */

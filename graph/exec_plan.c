@@ -103,17 +103,16 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 								     (size_t)e->plans[plan].spec.IC)
 						 : 0);
 	}
-	case NG_OP_ATTENTION_FWD: {
-		size_t a = ng_attention_fwd_workspace(&e->att);
-		size_t b = e->cfg.model.arch == NG_ARCH_SPEEDRUN
-				   ? ng_attention_fwd_workspace(&e->att_short) : 0;
-		return a > b ? a : b;
-	}
-	case NG_OP_ATTENTION_BWD: {
-		size_t a = ng_attention_bwd_workspace(&e->att);
-		size_t b = e->cfg.model.arch == NG_ARCH_SPEEDRUN
-				   ? ng_attention_bwd_workspace(&e->att_short) : 0;
-		return a > b ? a : b;
+	case NG_OP_ATTENTION_FWD: case NG_OP_ATTENTION_BWD: {
+		int fwd = op->kind == NG_OP_ATTENTION_FWD;
+		size_t w = fwd ? ng_attention_fwd_workspace(&e->att)
+			       : ng_attention_bwd_workspace(&e->att);
+		for (int k = 0; m->arch == NG_ARCH_SPEEDRUN && k < NG_EXEC_SPR_BANDS; k++) {
+			size_t b = fwd ? ng_attention_fwd_workspace(&e->att_band[k])
+				       : ng_attention_bwd_workspace(&e->att_band[k]);
+			w = b > w ? b : w;
+		}
+		return w;
 	}
 	case NG_OP_MIX_BWD:
 		return ng_mix2_bwd_scratch_bytes(N, m->C);
@@ -342,9 +341,9 @@ static enum ng_status plan_data_parallel(struct ng_exec *e)
 	return st;
 }
 
-/* GPT-2: one causal plan. The speedrun model: the long- and short-window plans, scale 0.12,
- * causal within documents (the per-query lower bounds of ATTN_BOUNDS), each with the band of its
- * largest window (graph/step_spr.h: 14 and 7 blocks of 128 tokens). */
+/* GPT-2: one causal plan. The speedrun model: a plan per band of k = 1 .. 14 blocks of 128
+ * tokens (graph/exec.h att_band), scale 0.12, causal within documents and the window through
+ * the per-query lower bounds of ATTN_BOUNDS. */
 static enum ng_status plan_attention(struct ng_exec *e)
 {
 	const struct ng_exec_config *c = &e->cfg;
@@ -352,15 +351,16 @@ static enum ng_status plan_attention(struct ng_exec *e)
 	if (c->model.arch != NG_ARCH_SPEEDRUN)
 		return ng_attention_plan(&e->att, e->cudnn, c->B, c->model.H, c->T, D,
 					 c->deterministic, c->force_naive_attention);
-	const int wmax = ng_spr_window_blocks(1, 1); /* W at the last step: 14 */
-	struct ng_attention_opts o = { .scale = (float)NG_SPR_ATTN_SCALE, .lower_bound = 1,
-				       .max_window = wmax * NG_SPR_WINDOW_BLOCK };
-	enum ng_status st = ng_attention_plan_masked(&e->att, e->cudnn, c->B, c->model.H, c->T, D,
-						     c->deterministic, c->force_naive_attention, &o);
-	o.max_window = (wmax / 2) * NG_SPR_WINDOW_BLOCK;
-	if (!st)
-		st = ng_attention_plan_masked(&e->att_short, e->cudnn, c->B, c->model.H, c->T, D,
-					      c->deterministic, c->force_naive_attention, &o);
+	if (ng_spr_window_blocks(1, 1) != NG_EXEC_SPR_BANDS) /* W at the last step */
+		return ng_fail(NG_ERR_RUNTIME, "speedrun: %d window variants for a largest W of %d",
+			       NG_EXEC_SPR_BANDS, ng_spr_window_blocks(1, 1));
+	enum ng_status st = NG_OK;
+	for (int k = 1; k <= NG_EXEC_SPR_BANDS && !st; k++) {
+		struct ng_attention_opts o = { .scale = (float)NG_SPR_ATTN_SCALE, .lower_bound = 1,
+					       .max_window = k * NG_SPR_WINDOW_BLOCK };
+		st = ng_attention_plan_masked(&e->att_band[k - 1], e->cudnn, c->B, c->model.H, c->T,
+					      D, c->deterministic, c->force_naive_attention, &o);
+	}
 	return st;
 }
 

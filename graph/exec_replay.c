@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "graph/exec_internal.h"
+#include "graph/step_spr.h"
 #include "kernels/check.h"
 
 void ng_exec_request_stop(struct ng_exec *e)
@@ -33,10 +34,19 @@ enum ng_status ng_exec_submit(struct ng_exec *e)
 	enum ng_status st;
 	if (e->submitted == 0 && NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream)))
 		return NG_ERR_RUNTIME;
+	if (e->cfg.model.arch == NG_ARCH_SPEEDRUN) { /* the variant of this step's window */
+		int step = (int)(e->step_base + e->submitted);
+		e->spr_variant = ng_spr_window_blocks(step, e->cfg.sched.total) - 1;
+		if (e->spr_variant >= NG_EXEC_SPR_BANDS)
+			e->spr_variant = NG_EXEC_SPR_BANDS - 1;
+	}
 	if (e->cfg.no_graph)
 		st = ng_exec_run_eager_(e, &e->train, e->train_plan);
+	else if (e->cfg.model.arch == NG_ARCH_SPEEDRUN)
+		st = NG_CUDA_CHECK(cudaGraphLaunch(e->spr_exec[e->spr_variant], e->stream));
 	else
 		st = NG_CUDA_CHECK(cudaGraphLaunch(e->train_exec, e->stream));
+	e->spr_variant = NG_EXEC_SPR_BANDS - 1;
 	if (st)
 		return st;
 	if (NG_CUDA_CHECK(cudaEventRecord(e->done[e->submitted % NG_EXEC_RING], e->stream)))

@@ -119,12 +119,14 @@ static enum ng_status run_mix_bwd(struct ng_exec *e, const struct ng_graph *g,
 			   m.ld_u, b, has_w ? T_(op->in[2]) : NULL, C, N, C, scratch, s);
 }
 
-/* The speedrun's attention: the long- or short-window plan, the bounds and window of its
- * kind (row 1 of bounds and windows[1] for the short window). */
+/* The speedrun's attention: the plan of the band this variant gives its kind (W blocks long,
+ * max(1, W / 2) short: graph/exec.h), the bounds and window of its kind (row 1 of bounds and
+ * windows[1] for the short window). */
 static enum ng_status run_attention(struct ng_exec *e, const struct ng_graph *g,
 				    const struct ng_op *op, void *scratch, cudaStream_t s)
 {
-	const struct ng_attention *att = op->index ? &e->att : &e->att_short;
+	int W = e->spr_variant + 1, band = op->index ? W : (W / 2 > 1 ? W / 2 : 1);
+	const struct ng_attention *att = &e->att_band[band - 1];
 	const size_t BT = (size_t)g->B * g->T;
 	int nb = op->kind == NG_OP_ATTENTION_FWD ? 1 : 4; /* bounds' position */
 	const int32_t *lo = (const int32_t *)T_(op->in[nb]) + (op->index ? 0 : BT);
@@ -154,11 +156,13 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 		enum ng_status st = ng_spr_windows(win, T_(op->in[1]), e->cfg.sched.total,
 						   NG_SPR_WINDOW_BLOCK, s);
 		if (!st)
-			st = ng_attention_lower_bound(lo, T_(op->in[0]), win, e->att.max_window, B, T,
-						      c->V - 1, s);
+			st = ng_attention_lower_bound(lo, T_(op->in[0]), win,
+						      e->att_band[NG_EXEC_SPR_BANDS - 1].max_window,
+						      B, T, c->V - 1, s);
 		if (!st)
 			st = ng_attention_lower_bound(lo + (size_t)N, T_(op->in[0]), win + 1,
-						      e->att_short.max_window, B, T, c->V - 1, s);
+						      e->att_band[NG_EXEC_SPR_BANDS / 2 - 1].max_window,
+						      B, T, c->V - 1, s);
 		return st;
 	}
 	case NG_OP_EMBED_FWD: {

@@ -202,7 +202,11 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		e->arena_bytes / 1073741824.0, g->persistent_bytes / 1073741824.0,
 		g->arena_bytes / 1073741824.0, g->lower_bound_bytes / 1073741824.0,
 		(total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
-	fprintf(log, "attention: %s\n", ng_attention_describe(&e->att));
+	if (e->cfg.model.arch == NG_ARCH_SPEEDRUN) /* the widest band; the others alike */
+		fprintf(log, "attention (%d bands): %s\n", NG_EXEC_SPR_BANDS,
+			ng_attention_describe(&e->att_band[NG_EXEC_SPR_BANDS - 1]));
+	else
+		fprintf(log, "attention: %s\n", ng_attention_describe(&e->att));
 	if (c.step.recompute_auto) {
 		char what[96];
 		fprintf(log, "recompute: %s (auto: the least that fits ",

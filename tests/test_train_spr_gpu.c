@@ -88,7 +88,7 @@ static void step_matches(int B, int T, int K)
 	struct ng_exec e;
 	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
 	fprintf(stderr, "speedrun step B=%d T=%d K=%d: %s | %s\n", B, T, K,
-		ng_attention_describe(&e.att), ng_attention_describe(&e.att_short));
+		ng_attention_describe(&e.att_band[2]), ng_attention_describe(&e.att_band[0]));
 	const struct ng_graph *g = &e.train;
 	size_t total = g->lay.total;
 	float *p0 = malloc(total * 4), *zero = calloc(total, 4), *grads = malloc(total * 4);
