@@ -408,14 +408,16 @@ def train(a):
     for m in model.modules():  # the four embedding tables are bf16, as the reference's
         if isinstance(m, nn.Embedding):
             m.to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.8, 0.95), eps=1e-10,
+    # nanograph's AdamW defaults (train --optimizer adamw; the speedrun model decays nothing)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, 0.95), eps=a.eps,
                             weight_decay=0.0, fused=dev.type == "cuda")
     step_fn = torch.compile(model) if dev.type == "cuda" and not a.no_compile else model
     if a.train:
         wins = load_windows(glob.glob(a.train), T)
         assert len(wins) >= a.batch, "fewer windows than one batch"
     rng = np.random.default_rng(a.seed)
-    meter = Meter("speedrun-peer", a.steps, a.batch * T)
+    meter = Meter("speedrun-peer", a.steps, a.batch * T,
+                  open(a.metrics, "w") if a.metrics else None)
     for step in range(a.steps):
         W = max(1, math.ceil(13.5 * step / a.steps))
         if a.train:
@@ -454,7 +456,11 @@ def main():
     ap.add_argument("--init", help="training: flat float32 init from build/tools/export_init")
     ap.add_argument("--train", help="training: token shard glob (else random tokens)")
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=6e-4, help="training: constant (nanograph's "
+                    "AdamW default, with --warmup 0 --lr-final-frac 1 on our side)")
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--metrics", help="training: a JSON line per step (loss, ms) to this file")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-compile", action="store_true")
     a = ap.parse_args()
