@@ -158,12 +158,13 @@ void ng_gpt_layout(const struct ng_gpt_config *cfg, struct ng_gpt_layout *lay)
 	lay->total = off;
 }
 
-/* Normal(0, std) values into x[0..n): block k of NG_INIT_BLOCK values has its own RNG stream
+/* Normal(0, std) (or uniform) values into x[0..n): block k of NG_INIT_BLOCK values has its own RNG stream
  * (seeded from seed, tensor and k), so the blocks fill in parallel and the values do not depend
  * on the thread count. */
 #define NG_INIT_BLOCK ((size_t)1 << 18)
-static void fill_normal(float *x, size_t n, double std, uint64_t seed, int tensor)
+static void fill(float *x, size_t n, double std, uint64_t seed, int tensor, int uniform)
 {
+	double bound = sqrt(3.0) * std; /* a uniform of standard deviation std */
 	long long nb = (long long)((n + NG_INIT_BLOCK - 1) / NG_INIT_BLOCK);
 #pragma omp parallel for schedule(static)
 	for (long long k = 0; k < nb; k++) {
@@ -172,24 +173,20 @@ static void fill_normal(float *x, size_t n, double std, uint64_t seed, int tenso
 				(uint64_t)k * 0x9e3779b97f4a7c15ull);
 		size_t end = ((size_t)k + 1) * NG_INIT_BLOCK < n ? ((size_t)k + 1) * NG_INIT_BLOCK : n;
 		for (size_t j = (size_t)k * NG_INIT_BLOCK; j < end; j++)
-			x[j] = (float)(std * ng_rng_normal(&r));
+			x[j] = (float)(uniform ? bound * (2.0 * ng_rng_uniform(&r) - 1.0)
+					       : std * ng_rng_normal(&r));
 	}
 }
 
-/* Uniform values of standard deviation std (bound sqrt(3) std), streams as fill_normal's. */
+static void fill_normal(float *x, size_t n, double std, uint64_t seed, int tensor)
+{
+	fill(x, n, std, seed, tensor, 0);
+}
+
+/* Uniform values of standard deviation std, streams as fill_normal's. */
 static void fill_uniform(float *x, size_t n, double std, uint64_t seed, int tensor)
 {
-	double bound = sqrt(3.0) * std;
-	long long nb = (long long)((n + NG_INIT_BLOCK - 1) / NG_INIT_BLOCK);
-#pragma omp parallel for schedule(static)
-	for (long long k = 0; k < nb; k++) {
-		struct ng_rng r;
-		ng_rng_seed(&r, ng_rng_mix64(seed * 1000003ull + (uint64_t)tensor) ^
-				(uint64_t)k * 0x9e3779b97f4a7c15ull);
-		size_t end = ((size_t)k + 1) * NG_INIT_BLOCK < n ? ((size_t)k + 1) * NG_INIT_BLOCK : n;
-		for (size_t j = (size_t)k * NG_INIT_BLOCK; j < end; j++)
-			x[j] = (float)(bound * (2.0 * ng_rng_uniform(&r) - 1.0));
-	}
+	fill(x, n, std, seed, tensor, 1);
 }
 
 static void speedrun_init(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *lay,

@@ -227,6 +227,16 @@ void ng_ckpt_transpose_(float *dst, const float *src, size_t rows, size_t cols)
 			dst[c * rows + r] = src[r * cols + c];
 }
 
+/* The shape of a model file's model (both families), as Hugging Face's GPT-2 config names it. */
+static void model_meta(json_t *meta, const struct ng_gpt_config *cfg)
+{
+	meta_set(meta, "n_layer", (unsigned long long)cfg->L);
+	meta_set(meta, "n_head", (unsigned long long)cfg->H);
+	meta_set(meta, "n_embd", (unsigned long long)cfg->C);
+	meta_set(meta, "n_positions", (unsigned long long)cfg->T);
+	meta_set(meta, "vocab_size", (unsigned long long)cfg->V);
+}
+
 /* The speedrun model's tensors, named for what they are: "wte", "ve.<t>" (the real V rows of
  * each table), "blocks.<l>.<name>" for each block's slice of a per-layer tensor ("qkvw" (3C, C),
  * "attprojw", "fcw", "fcprojw", "xlambda" (2), "vlambda" (2); the block without attention has no
@@ -272,11 +282,7 @@ static enum ng_status write_model_speedrun(const char *path, const struct ng_gpt
 				      p[NG_P_SKIPW].numel * sizeof(float) };
 	json_t *meta = json_object();
 	json_object_set_new(meta, "format", json_string("nanograph-speedrun"));
-	meta_set(meta, "n_layer", (unsigned long long)cfg->L);
-	meta_set(meta, "n_head", (unsigned long long)cfg->H);
-	meta_set(meta, "n_embd", (unsigned long long)cfg->C);
-	meta_set(meta, "n_positions", (unsigned long long)cfg->T);
-	meta_set(meta, "vocab_size", (unsigned long long)cfg->V);
+	model_meta(meta, cfg);
 	enum ng_status st = write_safetensors(path, t, n, meta);
 	free(t);
 	return st;
@@ -317,11 +323,7 @@ enum ng_status ng_ckpt_write_model(const char *path, const struct ng_gpt_config 
 	}
 	json_t *meta = json_object();
 	json_object_set_new(meta, "format", json_string("pt"));
-	meta_set(meta, "n_layer", (unsigned long long)cfg->L);
-	meta_set(meta, "n_head", (unsigned long long)cfg->H);
-	meta_set(meta, "n_embd", (unsigned long long)cfg->C);
-	meta_set(meta, "n_positions", (unsigned long long)cfg->T);
-	meta_set(meta, "vocab_size", (unsigned long long)cfg->V);
+	model_meta(meta, cfg);
 	enum ng_status st = write_safetensors(path, t, n, meta);
 	free(t);
 	free(tbuf);
