@@ -78,7 +78,7 @@ static enum ng_status plan_gemm(struct ng_muon_ns *p, int k, int M, int N, int K
 	if (NG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref)))
 		return NG_ERR_RUNTIME;
 	uint32_t aa = stride_align(sq), ab = stride_align(sp), ad = stride_align(sd);
-	cublasLtMatmulHeuristicResult_t res;
+	cublasLtMatmulHeuristicResult_t res[NG_MUON_NS_CANDIDATES];
 	int found = 0;
 	if (NG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
 		    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p->ws_bytes,
@@ -96,7 +96,7 @@ static enum ng_status plan_gemm(struct ng_muon_ns *p, int k, int M, int N, int K
 	}
 	cublasStatus_t cs = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc[k], p->lay[k][0],
 							   p->lay[k][1], p->lay[k][2], p->lay[k][2],
-							   pref, 1, &res, &found);
+							   pref, NG_MUON_NS_CANDIDATES, res, &found);
 	cublasLtMatmulPreferenceDestroy(pref);
 	if (cs != CUBLAS_STATUS_SUCCESS || found == 0) {
 		ng_fail(NG_ERR_RUNTIME, "muon: cuBLASLt has no algorithm for the %s GEMM of %d "
@@ -105,7 +105,13 @@ static enum ng_status plan_gemm(struct ng_muon_ns *p, int k, int M, int N, int K
 		ng_hint("a larger workspace may help");
 		return NG_ERR_RUNTIME;
 	}
-	p->algo[k] = res.algo;
+	p->n_cand[k] = 0;
+	for (int i = 0; i < found; i++)
+		if (res[i].state == CUBLAS_STATUS_SUCCESS)
+			p->cand[k][p->n_cand[k]++] = res[i].algo;
+	if (p->n_cand[k] == 0)
+		return ng_fail(NG_ERR_RUNTIME, "muon: no usable algorithm for the %s GEMM", names[k]);
+	p->algo[k] = p->cand[k][0];
 	return NG_OK;
 }
 
@@ -156,6 +162,69 @@ static enum ng_status run_gemm(const struct ng_muon_ns *p, int k, const void *P,
 					      p->lay[k][1], &p->beta[k], C, p->lay[k][2], D,
 					      p->lay[k][2], &p->algo[k], ws, p->ws_bytes, s))
 		       ? NG_ERR_RUNTIME : NG_OK;
+}
+
+/* The operands of GEMM k in the first Newton-Schulz step (as ng_muon_ns_run passes them). */
+static void operands(const struct ng_muon_ns *p, int k, ng_bf16 *x, ng_bf16 *y, ng_bf16 *a,
+		     ng_bf16 *b, const void *io[4])
+{
+	int tall = p->rows > p->cols;
+	const void *gram[4] = { x, x, a, a }, *poly[4] = { a, a, a, b };
+	const void *upd_w[4] = { b, x, x, y }, *upd_t[4] = { x, b, x, y };
+	const void *const *src = k == GEMM_GRAM ? gram : k == GEMM_POLY ? poly
+				 : tall ? upd_t : upd_w;
+	for (int i = 0; i < 4; i++)
+		io[i] = src[i];
+}
+
+enum ng_status ng_muon_ns_tune(struct ng_muon_ns *p, ng_bf16 *x0, ng_bf16 *x1, ng_bf16 *a,
+			       ng_bf16 *b, void *ws, cudaStream_t s, float ms[3])
+{
+	enum { WARM = 2, REPS = 10 };
+	if (!p->planned)
+		return ng_check_arg_fail("ng_muon_ns_tune", "not planned");
+	cudaEvent_t ev[2] = { 0, 0 };
+	enum ng_status st = NG_CUDA_CHECK(cudaEventCreate(&ev[0]));
+	if (!st)
+		st = NG_CUDA_CHECK(cudaEventCreate(&ev[1]));
+	for (int k = 0; k < 3 && !st; k++) {
+		const void *io[4];
+		operands(p, k, x0, x1, a, b, io);
+		float best = -1.0f;
+		int pick = 0;
+		for (int c = 0; c < p->n_cand[k] && !st; c++) {
+			p->algo[k] = p->cand[k][c];
+			cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
+			for (int i = 0; i < WARM && cs == CUBLAS_STATUS_SUCCESS; i++)
+				cs = cublasLtMatmul(p->lt, p->desc[k], &p->alpha[k], io[1], p->lay[k][0],
+						    io[0], p->lay[k][1], &p->beta[k], io[2],
+						    p->lay[k][2], (void *)io[3], p->lay[k][2],
+						    &p->algo[k], ws, p->ws_bytes, s);
+			if (cs != CUBLAS_STATUS_SUCCESS) /* an offer that does not run here */
+				continue;
+			st = NG_CUDA_CHECK(cudaEventRecord(ev[0], s));
+			for (int i = 0; i < REPS && !st; i++)
+				st = run_gemm(p, k, io[0], io[1], io[2], (void *)io[3], ws, s);
+			float t = 0.0f;
+			if (!st)
+				st = NG_CUDA_CHECK(cudaEventRecord(ev[1], s));
+			if (!st)
+				st = NG_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+			if (!st)
+				st = NG_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+			if (!st && (best < 0.0f || t < best)) {
+				best = t;
+				pick = c;
+			}
+		}
+		p->algo[k] = p->cand[k][pick];
+		if (ms)
+			ms[k] = best / REPS;
+	}
+	for (int i = 0; i < 2; i++)
+		if (ev[i])
+			cudaEventDestroy(ev[i]);
+	return st;
 }
 
 enum ng_status ng_muon_ns_run(const struct ng_muon_ns *p, ng_bf16 *x0, ng_bf16 *x1, ng_bf16 *a,

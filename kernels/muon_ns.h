@@ -27,6 +27,9 @@
 extern "C" {
 #endif
 
+/* The heuristic's offers kept per GEMM for ng_muon_ns_tune. */
+#define NG_MUON_NS_CANDIDATES 8
+
 struct ng_muon_ns {
 	int batch;                        /* matrices */
 	int rows, cols;                   /* each, row-major */
@@ -37,7 +40,9 @@ struct ng_muon_ns {
 	cublasLtHandle_t lt;
 	cublasLtMatmulDesc_t desc[3];     /* gram, poly, update */
 	cublasLtMatrixLayout_t lay[3][3]; /* per GEMM: cuBLASLt's A, B, C (= D) */
-	cublasLtMatmulAlgo_t algo[3];
+	cublasLtMatmulAlgo_t algo[3];     /* the one each GEMM runs */
+	cublasLtMatmulAlgo_t cand[3][NG_MUON_NS_CANDIDATES]; /* the heuristic's offers, best first */
+	int n_cand[3];
 	float alpha[3], beta[3];
 	int planned;
 };
@@ -46,6 +51,11 @@ struct ng_muon_ns {
  * algorithm (naming the GEMM and the shape). */
 enum ng_status ng_muon_ns_plan(struct ng_muon_ns *p, cublasLtHandle_t lt, int batch, int rows,
 			       int cols, size_t x_stride, int steps, size_t ws_bytes);
+/* Time every offered algorithm of each GEMM on the buffers of ng_muon_ns_run (x0 holding a
+ * normalised batch; left as scratch) and keep the fastest; ms[k] (may be NULL) gets the chosen
+ * time of GEMM k. Synchronises s: call at plan time, never while capturing. */
+enum ng_status ng_muon_ns_tune(struct ng_muon_ns *p, ng_bf16 *x0, ng_bf16 *x1, ng_bf16 *a,
+			       ng_bf16 *b, void *ws, cudaStream_t s, float ms[3]);
 /* Enqueue the iteration: x0 holds the normalised X; *result gets x0 or x1. */
 enum ng_status ng_muon_ns_run(const struct ng_muon_ns *p,
 			      ng_bf16 *x0,      /* (batch, x_stride) bf16, in; scratch after */
