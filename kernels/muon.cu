@@ -5,9 +5,11 @@
  * muon_schedule_one_thread: the step's scalars from st->step (no host value in the graph).
  * muon_momentum_vec4: one thread per 4 elements, float4 loads of grad and m: 10 bytes read and
  *   10 written an element, memory-bound.
- * muon_normalize_block_per_matrix: one block per matrix sums the squares in double (fixed
- *   order: deterministic), then scales the matrix in place. A d12 group is 12-36 matrices, so
- *   the grid is smaller than the GPU; it reads each matrix twice (1.2 MB of a (768, 768) one).
+ * muon_norm_partials_chunked / muon_norm_scale_chunked: a block per 16K-element chunk of every
+ *   matrix sums its squares in double, then a block per chunk reads the matrix's partials in a
+ *   fixed order (deterministic) and scales its chunk. One block per matrix left the GPU mostly
+ *   idle: 1.79 ms for the twelve (3072, 768) fc matrices of d12, against ~0.06 ms now
+ *   (tools/bench_muon, H200).
  * muon_apply_split / adam_speedrun_split: the split fp32 master (kernels/split.h) joined,
  *   updated in fp32, split again, as adamw_split_vec4 in optim.cu.
  */
@@ -17,7 +19,8 @@
 #include "kernels/split.h"
 
 #define MUON_THREADS 256
-#define NORM_THREADS 1024
+#define NORM_THREADS 256
+#define NORM_CHUNK NG_MUON_NORM_CHUNK
 
 static __global__ void muon_schedule_one_thread(struct ng_muon_scalars *out,
 						struct ng_step_state *st, struct ng_muon_config c)
@@ -65,28 +68,74 @@ static __global__ void muon_momentum_vec4(__nv_bfloat16 *u, float *m, const floa
 	}
 }
 
-static __global__ void muon_normalize_block_per_matrix(__nv_bfloat16 *x, size_t numel,
-						       size_t stride)
+/* Block (c, b): the double sum of squares of chunk c of matrix b into partials[b * chunks + c];
+ * each thread sums at most NORM_CHUNK / NORM_THREADS elements in fp32 first. vec: numel and
+ * stride multiples of 8 and x 16-byte aligned, so 8 bf16 a load. */
+static __global__ void muon_norm_partials_chunked(const __nv_bfloat16 *x, double *partials,
+						  size_t numel, size_t stride, int vec)
 {
 	__shared__ double sh[NG_WARP];
-	__nv_bfloat16 *p = x + (size_t)blockIdx.x * stride;
-	double acc = 0.0;
+	const __nv_bfloat16 *p = x + (size_t)blockIdx.y * stride;
+	size_t lo = (size_t)blockIdx.x * NORM_CHUNK, hi = lo + NORM_CHUNK;
+	if (hi > numel)
+		hi = numel;
 	float f = 0.0f;
-	int k = 0;
-	for (size_t i = threadIdx.x; i < numel; i += blockDim.x) {
-		float v = __bfloat162float(p[i]);
-		f += v * v;
-		if (++k == 64) { /* bound the fp32 run length */
-			acc += f;
-			f = 0.0f;
-			k = 0;
+	if (vec) {
+		for (size_t i = lo + threadIdx.x * 8; i < hi; i += NORM_THREADS * 8) {
+			uint4 w = *reinterpret_cast<const uint4 *>(p + i);
+			const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&w);
+			for (int j = 0; j < 4; j++) {
+				float2 v = __bfloat1622float2(h[j]);
+				f += v.x * v.x + v.y * v.y;
+			}
+		}
+	} else {
+		for (size_t i = lo + threadIdx.x; i < hi; i += NORM_THREADS) {
+			float v = __bfloat162float(p[i]);
+			f += v * v;
 		}
 	}
-	acc += f;
-	acc = ng_block_sum_d_(acc, sh);
-	float den = (float)sqrt(acc) + (float)NG_MUON_NORM_EPS;
-	for (size_t i = threadIdx.x; i < numel; i += blockDim.x)
-		p[i] = __float2bfloat16_rn(__bfloat162float(p[i]) / den);
+	double acc = ng_block_sum_d_((double)f, sh);
+	if (threadIdx.x == 0)
+		partials[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = acc;
+}
+
+/* Block (c, b): the norm of matrix b from its partials (warp 0, a fixed order), then chunk c of
+ * it divided by (norm + eps), in place. */
+static __global__ void muon_norm_scale_chunked(__nv_bfloat16 *x, const double *partials,
+					       size_t numel, size_t stride, int vec)
+{
+	__shared__ float den;
+	if (threadIdx.x < NG_WARP) {
+		const double *q = partials + (size_t)blockIdx.y * gridDim.x;
+		double acc = 0.0;
+		for (unsigned i = threadIdx.x; i < gridDim.x; i += NG_WARP)
+			acc += q[i];
+		for (int o = NG_WARP / 2; o > 0; o /= 2)
+			acc += __shfl_xor_sync(0xffffffffu, acc, o);
+		if (threadIdx.x == 0)
+			den = (float)sqrt(acc) + (float)NG_MUON_NORM_EPS;
+	}
+	__syncthreads();
+	float d = den;
+	__nv_bfloat16 *p = x + (size_t)blockIdx.y * stride;
+	size_t lo = (size_t)blockIdx.x * NORM_CHUNK, hi = lo + NORM_CHUNK;
+	if (hi > numel)
+		hi = numel;
+	if (vec) {
+		for (size_t i = lo + threadIdx.x * 8; i < hi; i += NORM_THREADS * 8) {
+			uint4 w = *reinterpret_cast<uint4 *>(p + i);
+			__nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&w);
+			for (int j = 0; j < 4; j++) {
+				float2 v = __bfloat1622float2(h[j]);
+				h[j] = __floats2bfloat162_rn(v.x / d, v.y / d);
+			}
+			*reinterpret_cast<uint4 *>(p + i) = w;
+		}
+	} else {
+		for (size_t i = lo + threadIdx.x; i < hi; i += NORM_THREADS)
+			p[i] = __float2bfloat16_rn(__bfloat162float(p[i]) / d);
+	}
 }
 
 static __global__ void muon_apply_split(ng_bf16 *hi, uint16_t *lo, const __nv_bfloat16 *x,
@@ -157,15 +206,31 @@ extern "C" enum ng_status ng_muon_momentum_update(ng_bf16 *u, float *m, const fl
 	return NG_LAUNCH_CHECK("muon_momentum_vec4");
 }
 
-extern "C" enum ng_status ng_muon_normalize(ng_bf16 *x, size_t numel, size_t stride, int batch,
-					    cudaStream_t s)
+extern "C" size_t ng_muon_normalize_scratch_bytes(size_t numel, int batch)
 {
-	if (batch <= 0 || numel == 0 || stride < numel)
+	return (numel + NORM_CHUNK - 1) / NORM_CHUNK * (size_t)(batch > 0 ? batch : 0) *
+	       sizeof(double);
+}
+
+extern "C" enum ng_status ng_muon_normalize(ng_bf16 *x, double *partials, size_t numel,
+					    size_t stride, int batch, cudaStream_t s)
+{
+	if (batch <= 0 || numel == 0 || stride < numel || !partials)
 		return ng_check_arg_fail("ng_muon_normalize", "batch %d of %zu elements, stride "
-					 "%zu", batch, numel, stride);
-	muon_normalize_block_per_matrix<<<(unsigned)batch, NORM_THREADS, 0, s>>>(
-		reinterpret_cast<__nv_bfloat16 *>(x), numel, stride);
-	return NG_LAUNCH_CHECK("muon_normalize_block_per_matrix");
+					 "%zu, partials %p", batch, numel, stride, (void *)partials);
+	size_t chunks = (numel + NORM_CHUNK - 1) / NORM_CHUNK;
+	if (chunks > 65535u * 1024u || batch > 65535)
+		return ng_check_arg_fail("ng_muon_normalize", "%zu chunks x %d matrices", chunks,
+					 batch);
+	int vec = numel % 8 == 0 && stride % 8 == 0 && ng_aligned16_(x);
+	dim3 grid((unsigned)chunks, (unsigned)batch);
+	__nv_bfloat16 *xb = reinterpret_cast<__nv_bfloat16 *>(x);
+	muon_norm_partials_chunked<<<grid, NORM_THREADS, 0, s>>>(xb, partials, numel, stride, vec);
+	enum ng_status st = NG_LAUNCH_CHECK("muon_norm_partials_chunked");
+	if (st)
+		return st;
+	muon_norm_scale_chunked<<<grid, NORM_THREADS, 0, s>>>(xb, partials, numel, stride, vec);
+	return NG_LAUNCH_CHECK("muon_norm_scale_chunked");
 }
 
 extern "C" enum ng_status ng_muon_apply(ng_bf16 *param_hi, uint16_t *param_lo, const ng_bf16 *x,

@@ -156,10 +156,14 @@ enum ng_status ng_muon_momentum_update(ng_bf16 *u,        /* (n) bf16, = */
 				       const struct ng_step_state *st, cudaStream_t s);
 
 /* For each of `batch` matrices of `numel` bf16 elements, `stride` elements apart, in place:
- * x = bf16(x / (||x||_F + 1e-7)), the norm summed in double in a fixed order (deterministic).
- * One block a matrix. */
+ * x = bf16(x / (||x||_F + 1e-7)), the norm summed in double in a fixed order (deterministic):
+ * per chunk of NG_MUON_NORM_CHUNK elements into `partials`, then per matrix. */
+#define NG_MUON_NORM_CHUNK 16384
 enum ng_status ng_muon_normalize(ng_bf16 *x,              /* (batch, stride) bf16, updated */
+				 double *partials,        /* ng_muon_normalize_scratch_bytes, = */
 				 size_t numel, size_t stride, int batch, cudaStream_t s);
+/* The bytes of ng_muon_normalize's partials for `batch` matrices of `numel` elements. */
+size_t ng_muon_normalize_scratch_bytes(size_t numel, int batch);
 
 /* The Muon step of n master weights: w = split(hi, lo); w -= sc->lr * scale * x; split again.
  * Nothing when st->skipped. hi, lo, x 8-byte aligned. */

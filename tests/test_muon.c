@@ -155,6 +155,7 @@ static void ns_case(int rows, int cols, int steps)
 	ng_bf16 *d_b = kt_upload(NULL, (size_t)BATCH * k * k * 2);
 	size_t wsb = (size_t)32 << 20;
 	void *d_ws = kt_upload(NULL, wsb);
+	double *d_part = kt_upload(NULL, ng_muon_normalize_scratch_bytes(numel, BATCH));
 	struct ng_muon_ns p;
 	kt_ok(ng_muon_ns_plan(&p, lt_handle(), BATCH, rows, cols, numel, steps, wsb),
 	      "ng_muon_ns_plan");
@@ -162,7 +163,7 @@ static void ns_case(int rows, int cols, int steps)
 	ng_bf16 *res;
 	for (int run = 0; run < 2; run++) {
 		kt_cuda(cudaMemcpy(d_x0, h, n * 2, cudaMemcpyHostToDevice), "upload");
-		kt_ok(ng_muon_normalize(d_x0, numel, numel, BATCH, 0), "ng_muon_normalize");
+		kt_ok(ng_muon_normalize(d_x0, d_part, numel, numel, BATCH, 0), "ng_muon_normalize");
 		kt_ok(ng_muon_ns_run(&p, d_x0, d_x1, d_a, d_b, d_ws, &res, 0), "ng_muon_ns_run");
 		got[run] = kt_xmalloc(n * 2);
 		kt_download(got[run], res, n * 2);
@@ -181,7 +182,7 @@ static void ns_case(int rows, int cols, int steps)
 	snprintf(what, sizeof(what), "newton_schulz %dx%d x%d, %d step(s)", rows, cols, BATCH, steps);
 	check_fa_(what, seed, gd, naive, ref, n, ldexp(e.ref_max, -10));
 	ng_muon_ns_free(&p);
-	cudaFree(d_x0), cudaFree(d_x1), cudaFree(d_a), cudaFree(d_b), cudaFree(d_ws);
+	cudaFree(d_x0), cudaFree(d_x1), cudaFree(d_a), cudaFree(d_b), cudaFree(d_ws), cudaFree(d_part);
 	free(u), free(h), free(got[0]), free(got[1]), free(gd), free(ref), free(naive);
 }
 
@@ -202,13 +203,21 @@ Test(muon, normalize)
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
-	for (int s = 0; s < 4; s++) {
-		size_t numel = (size_t)shapes[s][0] * shapes[s][1], stride = numel + 5, n = stride * BATCH;
+	/* rows, cols, stride padding: the small shapes in one chunk with an odd stride (the scalar
+	 * path), then several chunks (NG_MUON_NORM_CHUNK) with a partial last one, scalar and
+	 * 8-wide (stride a multiple of 8) */
+	static const int cases[][3] = { { 64, 64, 5 }, { 96, 32, 5 }, { 32, 96, 5 }, { 67, 45, 5 },
+					{ 301, 200, 3 }, { 256, 776, 0 }, { 768, 192, 8 } };
+	for (size_t s = 0; s < sizeof(cases) / sizeof(cases[0]); s++) {
+		size_t numel = (size_t)cases[s][0] * cases[s][1], stride = numel + cases[s][2];
+		size_t n = stride * BATCH;
 		double *u = kt_xmalloc(n * 8), *ref = kt_xmalloc(n * 8);
 		ng_bf16 *h = random_u(&r, u, n), *got = kt_xmalloc(n * 2);
 		ng_bf16 *d = kt_upload(h, n * 2);
-		kt_ok(ng_muon_normalize(d, numel, stride, BATCH, 0), "ng_muon_normalize");
+		double *d_part = kt_upload(NULL, ng_muon_normalize_scratch_bytes(numel, BATCH));
+		kt_ok(ng_muon_normalize(d, d_part, numel, stride, BATCH, 0), "ng_muon_normalize");
 		kt_download(got, d, n * 2);
+		cudaFree(d_part);
 		for (int b = 0; b < BATCH; b++) {
 			double ss = 0;
 			for (size_t i = 0; i < numel; i++)

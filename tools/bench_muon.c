@@ -60,6 +60,7 @@ struct grp {
 	float *grad, *m;
 	ng_bf16 *hi, *x0, *x1, *a, *b;
 	uint16_t *lo;
+	double *part;
 	void *ws;
 	struct ng_muon_ns ns;
 	cudaStream_t s;
@@ -80,7 +81,7 @@ static void run_group(struct grp *q, cudaStream_t s)
 {
 	ng_bf16 *res;
 	CK(ng_muon_momentum_update(q->x0, q->m, q->grad, q->all, sc, st, s));
-	CK(ng_muon_normalize(q->x0, q->numel, q->numel, q->g.batch, s));
+	CK(ng_muon_normalize(q->x0, q->part, q->numel, q->numel, q->g.batch, s));
 	CK(ng_muon_ns_run(&q->ns, q->x0, q->x1, q->a, q->b, q->ws, &res, s));
 	CK(ng_muon_apply(q->hi, q->lo, res, q->all, (float)q->g.scale, sc, st, s));
 }
@@ -187,21 +188,22 @@ int main(int argc, char **argv)
 		g->a = dev(g->nn * g->g.batch * 2);
 		g->b = dev(g->nn * g->g.batch * 2);
 		g->ws = dev(WS_BYTES);
+		g->part = dev(ng_muon_normalize_scratch_bytes(g->numel, g->g.batch));
 		fill_f32(g->grad, g->all, 0.02f, 17u + k);
 		CK(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
 		CK(ng_muon_ns_plan(&g->ns, lt, g->g.batch, g->g.rows, g->g.cols, g->numel,
 				   NG_MUON_NS_STEPS, WS_BYTES));
 		float tm, tn, th, tt, ta;
 		TIME(tm, s, CK(ng_muon_momentum_update(g->x0, g->m, g->grad, g->all, sc, st, s)));
-		TIME(tn, s, CK(ng_muon_normalize(g->x0, g->numel, g->numel, g->g.batch, s)));
+		TIME(tn, s, CK(ng_muon_normalize(g->x0, g->part, g->numel, g->numel, g->g.batch, s)));
 		ng_bf16 *res;
 		CK(ng_muon_momentum_update(g->x0, g->m, g->grad, g->all, sc, st, s));
-		CK(ng_muon_normalize(g->x0, g->numel, g->numel, g->g.batch, s));
+		CK(ng_muon_normalize(g->x0, g->part, g->numel, g->numel, g->g.batch, s));
 		TIME(th, s, CK(ng_muon_ns_run(&g->ns, g->x0, g->x1, g->a, g->b, g->ws, &res, s)));
 		float part[3];
 		CK(ng_muon_ns_tune(&g->ns, g->x0, g->x1, g->a, g->b, g->ws, s, part));
 		CK(ng_muon_momentum_update(g->x0, g->m, g->grad, g->all, sc, st, s));
-		CK(ng_muon_normalize(g->x0, g->numel, g->numel, g->g.batch, s));
+		CK(ng_muon_normalize(g->x0, g->part, g->numel, g->numel, g->g.batch, s));
 		TIME(tt, s, CK(ng_muon_ns_run(&g->ns, g->x0, g->x1, g->a, g->b, g->ws, &res, s)));
 		TIME(ta, s, CK(ng_muon_apply(g->hi, g->lo, g->x1, g->all, 1.0f, sc, st, s)));
 		int big = g->g.rows > g->g.cols ? g->g.rows : g->g.cols;
