@@ -27,6 +27,9 @@
  *   forward  x8 = e4m3(x / xs), w8 = e4m3(w / ws), z = (x8 @ w8^T) xs ws
  *   backward g8 = e5m2(dz / gs), dx = (g8 @ w8) gs ws, dheadw += (g8^T @ x8) gs xs
  * (so its gradient is the reference's, not the exact gradient of its forward).
+ * head_fp8 = 2 is the GPU step's FP8 head (graph/step.h "FP8": per-tensor scales from the
+ * tensors' maxima, the backward in bf16): that forward with xs = head_xs, ws = head_ws, and the
+ * exact head's backward.
  */
 #ifndef NG_GRAPH_CPU_SPR_H
 #define NG_GRAPH_CPU_SPR_H
@@ -98,7 +101,10 @@ struct ng_cpu_spr_model {
 	struct ng_gpt_layout lay;    /* flat layout, shared with the GPU path */
 	int B;                       /* batch (sequences) the activations are sized for */
 	int T;                       /* tokens a sequence, T <= cfg.T */
-	int head_fp8;                /* 0: exact head; 1: the reference's FP8 head (above) */
+	int head_fp8;                /* 0: exact head; 1: the reference's FP8 head (above);
+				      * 2: the GPU's: the forward as 1 with the scales below, the
+				      * backward exact (from the bf16 head's dz, W and x) */
+	double head_xs, head_ws;     /* head_fp8 = 2: the input's and the weight's descale */
 	int32_t bos;                 /* token that starts a document: cfg.V - 1 (50256 for
 				      * GPT-2's vocabulary, NG_SPR_BOS); may be changed */
 	double *params;              /* (lay.total) */

@@ -67,7 +67,9 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	float *f = ng_exec_tensor_(e, g, op->in[1]);
 	float *w_amax = f + ng_fp8_field_at(L, NG_FP8_W_AMAX);
 	float *w_scale = f + ng_fp8_field_at(L, NG_FP8_W_SCALE);
-	static const int ids[5] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW, NG_P_WTE };
+	/* the head: GPT-2's is tied to wte, the speedrun model's is its own */
+	const int ids[5] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW,
+			     g->cfg.arch == NG_ARCH_SPEEDRUN ? NG_P_HEADW : NG_P_WTE };
 	_Static_assert(NG_FP8_ACT_AMAX_SUB == NG_FP8_AMAX_SUB &&
 			       NG_FP8_ACT_AMAX_STRIDE == NG_FP8_AMAX_STRIDE,
 		       "graph/step.h and kernels/fp8.h");

@@ -224,10 +224,10 @@ static int emit_p(struct ng_bld *b, struct ng_op op, size_t ws_bytes)
 	return emit(b, &op, ws_bytes);
 }
 
-/* --fp8 train graphs: make a forward matmul an fp8 one (its E4M3 weights and scales as inputs
+/* --fp8 train graphs (step_build.h): make a forward matmul an fp8 one (its E4M3 weights and scales as inputs
  * 2 and 3, the E4M3 copy of its input as input 4 when a LayerNorm wrote one: inp8 >= 0) and
  * return the bytes its scratch needs in front for casting the input itself; 0 otherwise. */
-static size_t fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8)
+size_t ng_bld_fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8)
 {
 	struct ng_graph *g = b->g;
 	if (!(g->fp8 & ng_fp8_bit(op->which)))
@@ -242,6 +242,20 @@ static size_t fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8)
 		return w8;
 	}
 	return ng_fp8_input_bytes((size_t)op->row_count, ic) + w8;
+}
+
+void ng_bld_fp8_prep(struct ng_bld *b)
+{
+	struct ng_graph *g = b->g;
+	if (!g->fp8)
+		return;
+	struct ng_op op = mk(NG_OP_FP8_PREP, NG_OP_WHICH_NONE, -1,
+			     IN(g->t_params_bf16, g->t_fp8_state), OUT(g->t_fp8_state));
+	if (g->t_params_fp8 >= 0)
+		op.out[op.n_out++] = g->t_params_fp8;
+	if (g->t_params_fp8t >= 0)
+		op.out[op.n_out++] = g->t_params_fp8t;
+	emit(b, &op, 0);
 }
 
 /* --fp8: when `consumer` is an fp8 matmul, the LayerNorm op writes its E4M3 input too: a u8
@@ -271,7 +285,7 @@ static void matmul_fwd(struct ng_bld *b, enum ng_op_which w, int l, int inp, int
 				   : mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16), OUT(out));
 	op.gelu = aux >= 0;
 	op.row_count = (int)b->N;
-	size_t in8 = fp8_in(b, &op, w == NG_OP_WHICH_FCPROJ ? 4 * b->C : b->C, inp8);
+	size_t in8 = ng_bld_fp8_in(b, &op, w == NG_OP_WHICH_FCPROJ ? 4 * b->C : b->C, inp8);
 	if (resid >= 0) { /* last, after the fp8 inputs */
 		op.residual = 1;
 		op.in[op.n_in++] = resid;
@@ -381,7 +395,7 @@ static void build_classifier(struct ng_bld *b, const struct fwd_out *f, int dlnf
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
-		size_t in8 = fp8_in(b, &op, b->C, f->lnf8);
+		size_t in8 = ng_bld_fp8_in(b, &op, b->C, f->lnf8);
 		emit_p(b, op, b->ws.matmul + in8);
 		if (dlnf < 0) {
 			op = mk(NG_OP_CROSSENTROPY, NG_OP_WHICH_NONE, -1, IN(logits, f->targets),
@@ -791,15 +805,7 @@ enum ng_status ng_step_build_train(struct ng_graph *g, const struct ng_gpt_confi
 		z.param[0] = accumulated[i];
 		emit(&b, &z, 0);
 	}
-	if (g->fp8) {
-		struct ng_op op = mk(NG_OP_FP8_PREP, NG_OP_WHICH_NONE, -1,
-				     IN(g->t_params_bf16, g->t_fp8_state), OUT(g->t_fp8_state));
-		if (g->t_params_fp8 >= 0)
-			op.out[op.n_out++] = g->t_params_fp8;
-		if (g->t_params_fp8t >= 0)
-			op.out[op.n_out++] = g->t_params_fp8t;
-		emit(&b, &op, 0);
-	}
+	ng_bld_fp8_prep(&b);
 	for (int m = 0; m < K && !g->status; m++) {
 		enter_micro(&b, m);
 		build_forward(&b, &f, 0);

@@ -46,6 +46,12 @@ enum ng_status ng_bld_begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 			    const struct ng_step_options *opt);
 void ng_bld_enter_micro(struct ng_bld *b, int m);
 void ng_bld_leave_micro(struct ng_bld *b, enum ng_phase phase);
+/* --fp8 train graphs (graph/step.h "FP8"): when op's kind is an fp8 one, make it so (its E4M3
+ * weights and the scales as inputs, inp8 the E4M3 copy of its input when a norm wrote one, else
+ * -1) and return the scratch bytes it needs in front to cast its input; 0 otherwise. */
+size_t ng_bld_fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8);
+/* --fp8 train graphs: the FP8_PREP op (scales rolled, weights cast), first after the tokens. */
+void ng_bld_fp8_prep(struct ng_bld *b);
 /* The first dW matmul of each (linear layer, layer) overwrites its gradient (graph/step.c). */
 void ng_bld_mark_first_writers(struct ng_graph *g);
 /* Plan and validate; on failure free g. Returns the status. */

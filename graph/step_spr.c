@@ -234,7 +234,8 @@ static void classifier(struct ng_bld *b, const struct spr_fwd *f, int dnf, int l
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
-		emit(b, op, b->ws.matmul);
+		size_t in8 = ng_bld_fp8_in(b, &op, b->C, -1); /* the FP8 head: nf cast here */
+		emit(b, op, b->ws.matmul + in8);
 		op = dnf < 0 ? ng_bld_mk(NG_OP_SOFTCAP_CE, NG_OP_WHICH_NONE, -1,
 					 IN(logits, f->targets), OUT(losses))
 			     : ng_bld_mk(NG_OP_SOFTCAP_CE, NG_OP_WHICH_NONE, -1,
@@ -374,7 +375,7 @@ static enum ng_status spr_begin(struct ng_bld *b, struct ng_graph *g, enum ng_gr
 				const struct ng_gpt_config *cfg, int B, int T, int K,
 				const struct ng_step_options *opt, struct spr_fwd *f)
 {
-	if (opt && (opt->fp8 & NG_FP8_EVERY))
+	if (opt && (opt->fp8 & NG_FP8_EVERY & ~NG_FP8_HEAD))
 		return ng_fail(NG_ERR_INPUT, "--fp8 is for the GPT-2 family; the speedrun model's "
 			       "FP8 head is its own");
 	if (opt && (opt->recompute_gelu || opt->recompute_layernorm || opt->recompute_auto))
@@ -385,6 +386,8 @@ static enum ng_status spr_begin(struct ng_bld *b, struct ng_graph *g, enum ng_gr
 	else
 		ng_step_default_options(&o);
 	o.fuse_gelu = 0; /* relu^2 is its own op */
+	o.fp8 &= NG_FP8_HEAD; /* the head's forward or nothing, never timed (no AUTO) */
+	o.recompute_fp8 = 0;
 	enum ng_status st = ng_bld_begin(b, g, kind, cfg, B, T, K, &o);
 	if (st)
 		return st;
@@ -426,6 +429,7 @@ enum ng_status ng_spr_build_train(struct ng_graph *g, const struct ng_gpt_config
 					   NG_P_SKIPW };
 	for (size_t i = 0; i < sizeof(accumulated) / sizeof(accumulated[0]); i++)
 		zero_grad(&b, accumulated[i]);
+	ng_bld_fp8_prep(&b);
 	int scalars = scalars_op(&b);
 	for (int m = 0; m < K && !g->status; m++) {
 		ng_bld_enter_micro(&b, m);

@@ -99,6 +99,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--fp8", NG_FLAG_BOOL, &o.fp8, 0, 0, NULL,
 		  "GPU (sm_89+): matmuls in FP8 with per-tensor scales where they time faster: "
 		  "forward E4M3, input gradients E5M2 x E4M3 (weight gradients stay bf16)", false },
+		{ "--head-bf16", NG_FLAG_BOOL, &o.head_bf16, 0, 0, NULL,
+		  "GPU, speedrun model: the head's forward matmul in bf16 (default: FP8 E4M3 with "
+		  "per-tensor scales, as the speedrun's, on sm_89+)", false },
 		{ "--log-every", NG_FLAG_INT, &o.log_every, 0, 1e12, "N",
 		  "print every Nth step line (default: about 50 lines per run)", false },
 		{ "--world", NG_FLAG_INT, &da.world, 1, 1 << 20, "N",

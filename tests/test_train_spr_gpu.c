@@ -80,15 +80,37 @@ static double rel_l2(const float *a, const double *ref, size_t n)
 	return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void step_matches(int B, int T, int K)
+/* The largest |bf16(x)| of n floats (the bf16 copy the GPU casts to E4M3). */
+static double max_abs_bf16(const float *x, size_t n)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+		memcpy(&u, &x[i], 4);
+		u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+		float f;
+		memcpy(&f, &u, 4);
+		if (fabs(f) > m)
+			m = fabs(f);
+	}
+	return m;
+}
+
+/* head_fp8: the GPU head's forward in E4M3 (step option NG_FP8_HEAD), against the reference's
+ * simulation of it (head_fp8 = 2) with the scales of this first step after a restore: the
+ * input's descale 1 (no history yet), the weight's max |w| / 448. */
+static void step_matches(int B, int T, int K, int head_fp8)
 {
 	uint64_t seed = (uint64_t)time(NULL);
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
 	struct ng_exec_config c;
 	spr_config(&c, B, T, K, 0);
+	if (head_fp8)
+		c.step.fp8 = NG_FP8_HEAD;
 	struct ng_exec e;
 	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
+	cr_assert_eq(e.train.fp8, head_fp8 ? NG_FP8_HEAD : 0, "the train graph's fp8 kinds");
 	fprintf(stderr, "speedrun step B=%d T=%d K=%d: %s | %s\n", B, T, K,
 		ng_attention_describe(&e.att_band[2]), ng_attention_describe(&e.att_band[0]));
 	const struct ng_graph *g = &e.train;
@@ -111,6 +133,12 @@ static void step_matches(int B, int T, int K)
 	struct ng_cpu_spr_model m;
 	cr_assert_eq(ng_cpu_spr_init(&m, &c.model, B, T, c.seed), NG_OK, "%s", ng_error_message());
 	ng_cpu_spr_load_params(&m, p0);
+	if (head_fp8) {
+		const struct ng_param_spec *h = &g->lay.p[NG_P_HEADW];
+		m.head_fp8 = 2;
+		m.head_xs = 1.0;
+		m.head_ws = max_abs_bf16(p0 + h->offset, h->numel) / 448.0;
+	}
 	int32_t *in = malloc(sizeof(int32_t) * B * T), *tg = malloc(sizeof(int32_t) * B * T);
 	cr_assert(in && tg);
 	double loss = 0;
@@ -129,7 +157,8 @@ static void step_matches(int B, int T, int K)
 	}
 	double mean = loss / ((double)K * B * T);
 	double lerr = fabs(rec.loss - mean) / mean;
-	fprintf(stderr, "speedrun step: loss gpu %.6f ref %.6f (W = %d blocks)\n", rec.loss, mean, W);
+	fprintf(stderr, "speedrun step%s: loss gpu %.6f ref %.6f (W = %d blocks)\n",
+		head_fp8 ? " (FP8 head)" : "", rec.loss, mean, W);
 	cr_expect(lerr < 1e-2, "loss gpu %.6f ref %.6f rel err %.2e (seed %llu)", rec.loss, mean,
 		  lerr, (unsigned long long)seed);
 	for (int i = 0; i < NG_P_COUNT; i++) {
@@ -160,18 +189,25 @@ Test(train_spr_gpu, step_matches_cpu_reference)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	step_matches(2, 400, 1);
+	step_matches(2, 400, 1, 0);
 }
 
 Test(train_spr_gpu, accumulated_step_matches_cpu_reference)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	step_matches(1, 520, 2); /* T not a multiple of 128; two micro-batches summed */
+	step_matches(1, 520, 2, 0); /* T not a multiple of 128; two micro-batches summed */
 }
 
 /* --deterministic: the captured graph replayed gives the bytes of eager launches (--no-graph),
  * over three steps in which the window grows. */
+Test(train_spr_gpu, fp8_head_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	step_matches(2, 400, 1, 1);
+}
+
 Test(train_spr_gpu, graph_equals_eager_deterministic)
 {
 	if (ng_cuda_device_count() == 0)
