@@ -160,7 +160,7 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 	for (int i = 0; i < n_prompt; i++)
 		ids[i] = buf.data[i];
 	struct ng_sampler_config sc = { cfg, (int)top_k, (float)temperature, (uint64_t)seed,
-					no_graph, !ignore_eot && !logits_path };
+					no_graph, !ignore_eot && !logits_path, 0 };
 	int steps = n_prompt + (n_new > 0 ? n_new : 1) - 1, n_done = 0;
 	if (logits_path) {
 		rows = malloc((size_t)steps * cfg.V * sizeof(float));
