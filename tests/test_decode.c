@@ -45,31 +45,7 @@ static void need_gpu(void)
 /* The atol of an fp32 output: 1e-5 of max(1, max |ref|). */
 static double fp32_atol(const double *ref, size_t n)
 {
-	double m = 1.0;
-	for (size_t i = 0; i < n; i++)
-		m = fmax(m, fabs(ref[i]));
-	return 1e-5 * m;
-}
-
-/* n normal fp32 values N(mean, sd), the same values in d. */
-static void fill_f32(struct ng_rng *r, float *f, double *d, size_t n, double mean, double sd)
-{
-	for (size_t i = 0; i < n; i++) {
-		f[i] = (float)(mean + sd * ng_rng_normal(r));
-		d[i] = f[i];
-	}
-}
-
-static int *device_int(int v)
-{
-	return kt_upload(&v, sizeof(v));
-}
-
-static int read_int(const int *d)
-{
-	int v;
-	kt_download(&v, d, sizeof(v));
-	return v;
+	return 1e-5 * kt_ref_scale(ref, n);
 }
 
 /* ---- embedding ---- */
@@ -93,7 +69,7 @@ static void embed_case(const struct embed_case *c)
 		tok[t] = (int32_t)ng_rng_below(&r, (uint64_t)c->V);
 	void *d_wte = kt_upload(wte, (size_t)c->V * C * 2), *d_wpe = kt_upload(wpe, (size_t)c->Tmax * C * 2);
 	int32_t *d_tok = kt_upload(tok, (size_t)c->Tmax * 4);
-	int *d_pos = device_int(c->pos);
+	int *d_pos = kt_device_int(c->pos);
 	float *d_x = kt_upload(NULL, C * 4), *x = kt_xmalloc(C * 4);
 	kt_ok(ng_decode_embed(d_x, d_wte, d_wpe, d_tok, d_pos, c->C, 0), "ng_decode_embed");
 	kt_download(x, d_x, C * 4);
@@ -141,7 +117,7 @@ static void ln_case(const struct ln_case *c)
 	double *x_d = kt_xmalloc(C * 8), *w_d = kt_xmalloc(C * 8), *b_d = kt_xmalloc(C * 8);
 	double *ref = kt_xmalloc(C * 8), *naive = kt_xmalloc(C * 8), mref, rref;
 	ng_bf16 *w = kt_xmalloc(C * 2), *b = kt_xmalloc(C * 2);
-	fill_f32(&r, x, x_d, C, c->mean, 2.0);
+	kt_fill_f32(&r, x, x_d, C, c->mean, 2.0);
 	kt_fill_bf16(&r, w, w_d, C, 1.0, 0.2);
 	kt_fill_bf16(&r, b, b_d, C, 0.0, 0.2);
 	ng_ref_layernorm_fwd(ref, &mref, &rref, x_d, w_d, b_d, 1, c->C);
@@ -207,8 +183,8 @@ static void gemv_case(const struct gemv_case *c)
 	float *x = kt_xmalloc(IC * 4), *o0 = kt_xmalloc(OC * 4), *out = kt_xmalloc(OC * 4);
 	kt_fill_bf16(&r, W, W_d, OC * IC, 0.0, 1.0 / sqrt((double)IC));
 	kt_fill_bf16(&r, bias, b_d, OC, 0.0, 0.5);
-	fill_f32(&r, x, x_d, IC, 0.0, 1.0);
-	fill_f32(&r, o0, o0_d, OC, 0.0, 1.0); /* what out holds before: the residual */
+	kt_fill_f32(&r, x, x_d, IC, 0.0, 1.0);
+	kt_fill_f32(&r, o0, o0_d, OC, 0.0, 1.0); /* what out holds before: the residual */
 	for (size_t o = 0; o < OC; o++) {
 		double y = c->bias ? b_d[o] : 0.0;
 		float yf = 0.0f;
@@ -298,7 +274,7 @@ static void att_case(const struct att_case *c)
 	      *vc = kt_xmalloc(cache * 4), *out = kt_xmalloc(Cs * 4);
 	double *qkv_d = kt_xmalloc((size_t)T * 3 * Cs * 8), *ref_all = kt_xmalloc((size_t)T * Cs * 8);
 	double *lse = kt_xmalloc((size_t)H * T * 8), *naive = kt_xmalloc(Cs * 8);
-	fill_f32(&r, qkv, qkv_d, (size_t)T * 3 * Cs, 0.0, 1.0);
+	kt_fill_f32(&r, qkv, qkv_d, (size_t)T * 3 * Cs, 0.0, 1.0);
 	for (size_t i = 0; i < cache; i++) {
 		kc[i] = (float)ng_rng_normal(&r);
 		vc[i] = (float)ng_rng_normal(&r);
@@ -346,7 +322,7 @@ static void att_case(const struct att_case *c)
 	}
 	float *d_kc = kt_upload(kc, cache * 4), *d_vc = kt_upload(vc, cache * 4);
 	float *d_qkv = kt_upload(q, 3 * Cs * 4), *d_out = kt_upload(NULL, Cs * 4);
-	int *d_pos = device_int(c->pos), *d_doc = device_int(c->doc_start);
+	int *d_pos = kt_device_int(c->pos), *d_doc = kt_device_int(c->doc_start);
 	if (c->masked)
 		kt_ok(ng_decode_attention_masked(d_out, d_kc, d_vc, d_qkv, d_pos, d_doc, c->window,
 						 scale, H, D, c->Tmax, 0),
@@ -471,11 +447,11 @@ static void sample_case(const struct sample_case *c, int round)
 		tok[t] = -7;
 	float *d_l = kt_upload(logits, (size_t)V * 4);
 	int32_t *d_tok = kt_upload(tok, sizeof(tok));
-	int *d_pos = device_int(p), *d_np = device_int(round % 2 ? p + 1 : 0);
+	int *d_pos = kt_device_int(p), *d_np = kt_device_int(round % 2 ? p + 1 : 0);
 	kt_ok(ng_decode_sample(d_tok, d_pos, d_np, d_l, V, c->top_k, c->temperature, seed, 0),
 	      "ng_decode_sample");
 	kt_download(tok, d_tok, sizeof(tok));
-	cr_expect_eq(read_int(d_pos), p + 1, "the position advances");
+	cr_expect_eq(kt_read_int(d_pos), p + 1, "the position advances");
 	for (int t = 0; t < Tmax; t++)
 		if (t != p + 1)
 			cr_expect_eq(tok[t], -7, "token %d changed (only %d may)", t, p + 1);
@@ -529,7 +505,7 @@ static void sample_case(const struct sample_case *c, int round)
 	      "ng_decode_sample");
 	kt_download(tok, d_tok, sizeof(tok));
 	cr_expect_eq(tok[p + 1], -7, "the prompt's token at %d was overwritten", p + 1);
-	cr_expect_eq(read_int(d_pos), p + 1, "the position advances inside the prompt too");
+	cr_expect_eq(kt_read_int(d_pos), p + 1, "the position advances inside the prompt too");
 	cudaFree(d_l), cudaFree(d_tok), cudaFree(d_pos), cudaFree(d_np);
 	free(logits), free(order);
 }
