@@ -101,26 +101,41 @@ static void rotate_(double *o, const double *y, const double *freq, double pos, 
 	}
 }
 
+/* One row (3, H, D) of the QK-norm + rotary at position pos, with freq and D doubles of scratch
+ * y from rotary_work_; rstd (2H) may be NULL. */
+static void qk_row_fwd_(double *orow, double *rstd, const double *row, double pos, int H, int D,
+			double eps, const double *freq, double *y)
+{
+	size_t v0 = (size_t)2 * H * D;
+	for (int j = 0; j < 2 * H; j++) { /* q heads, then k heads */
+		double rs;
+		ng_ref_rmsnorm_fwd(y, &rs, row + (size_t)j * D, 1, D, eps);
+		if (rstd)
+			rstd[j] = rs;
+		rotate_(orow + (size_t)j * D, y, freq, pos, D);
+	}
+	memcpy(orow + v0, row + v0, (size_t)H * D * sizeof(double));
+}
+
 void ng_ref_qk_norm_rotary_fwd(double *out, double *rstd, const double *qkv, int N, int T, int H,
 			       int D, double eps)
 {
-	size_t C3 = (size_t)3 * H * D, v0 = (size_t)2 * H * D;
+	size_t C3 = (size_t)3 * H * D;
 	double *freq = rotary_work_(D);
 	if (!freq)
 		return;
-	double *y = freq + D / 2;
-	for (int n = 0; n < N; n++) {
-		const double *row = qkv + (size_t)n * C3;
-		double *orow = out + (size_t)n * C3;
-		for (int j = 0; j < 2 * H; j++) { /* q heads, then k heads */
-			double rs;
-			ng_ref_rmsnorm_fwd(y, &rs, row + (size_t)j * D, 1, D, eps);
-			if (rstd)
-				rstd[(size_t)n * 2 * H + j] = rs;
-			rotate_(orow + (size_t)j * D, y, freq, (double)(n % T), D);
-		}
-		memcpy(orow + v0, row + v0, (size_t)H * D * sizeof(double));
-	}
+	for (int n = 0; n < N; n++)
+		qk_row_fwd_(out + (size_t)n * C3, rstd ? rstd + (size_t)n * 2 * H : NULL,
+			    qkv + (size_t)n * C3, (double)(n % T), H, D, eps, freq, freq + D / 2);
+	free(freq);
+}
+
+void ng_ref_qk_norm_rotary_at(double *out, const double *qkv, int pos, int H, int D, double eps)
+{
+	double *freq = rotary_work_(D);
+	if (!freq)
+		return;
+	qk_row_fwd_(out, NULL, qkv, (double)pos, H, D, eps, freq, freq + D / 2);
 	free(freq);
 }
 
@@ -382,6 +397,12 @@ double ng_ref_round_e5m2(double x)
 
 /* The capped logits s go through cpu_ops.c's cross-entropy over all Vp columns, whose dlogits
  * is dloss (softmax(s) - onehot); the chain rule then multiplies by ds/dz. */
+void ng_ref_softcap_fwd(double *s, const double *z, size_t n, double cap, double div)
+{
+	for (size_t i = 0; i < n; i++)
+		s[i] = cap / (1.0 + exp(-z[i] / div));
+}
+
 double ng_ref_softcap_crossentropy(double *losses, double *dz, const double *z,
 				   const int32_t *targets, int N, int Vp, double cap, double div,
 				   double dloss)
@@ -395,8 +416,7 @@ double ng_ref_softcap_crossentropy(double *losses, double *dz, const double *z,
 			free(l);
 		return NAN; /* cannot happen at reference sizes */
 	}
-	for (size_t i = 0; i < n; i++)
-		s[i] = cap / (1.0 + exp(-z[i] / div));
+	ng_ref_softcap_fwd(s, z, n, cap, div);
 	ng_ref_crossentropy(l, dz, s, targets, N, Vp, Vp, dloss);
 	if (dz)
 		for (size_t i = 0; i < n; i++)

@@ -34,6 +34,8 @@ void ng_ref_rotary_freqs(double *freq, int D);
  * 1/sqrt(mean + eps) (may be NULL). */
 void ng_ref_qk_norm_rotary_fwd(double *out, double *rstd, const double *qkv, int N, int T, int H,
 			       int D, double eps);
+/* The same for one row (3, H, D) at position pos (the decode step's token): out "=". */
+void ng_ref_qk_norm_rotary_at(double *out, const double *qkv, int pos, int H, int D, double eps);
 /* dqkv (N, 3, H, D) += the gradient through ng_ref_qk_norm_rotary_fwd from dout (N, 3, H, D)
  * (its v part passes straight through), given the forward's input qkv and rstd. */
 void ng_ref_qk_norm_rotary_bwd(double *dqkv, const double *dout, const double *qkv,
@@ -75,6 +77,10 @@ void ng_ref_attention_masked_bwd(double *dqkv, const double *dout, const double 
  * scales keep every operand inside the range). */
 double ng_ref_round_e4m3(double x);
 double ng_ref_round_e5m2(double x);
+
+/* The soft cap of the head's raw logits: s = cap * sigmoid(z / div) over n values ("="; s may
+ * equal z). */
+void ng_ref_softcap_fwd(double *s, const double *z, size_t n, double cap, double div);
 
 /* The soft-capped head's loss over all Vp columns of z (N, Vp) (the raw logits):
  *   s = cap * sigmoid(z / div);  losses[r] = logsumexp(s[r]) - s[r, targets[r]]  (N, "=").

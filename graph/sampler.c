@@ -1,12 +1,14 @@
 /*
  * graph/sampler.c — KV-cache generation (see sampler.h): one decode step as a list of
- * kernels/decode.h launches, captured once and replayed per token.
+ * kernels/decode.h launches, captured once and replayed per token. The speedrun model's step
+ * is graph/sampler_spr.c's; allocation, capture and the generation loop serve both families.
  */
 #include "graph/sampler.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/step_spr.h"
 #include "kernels/check.h"
 #include "kernels/decode.h"
 #include "kernels/split.h"
@@ -23,6 +25,8 @@ static const ng_bf16 *wp(const struct ng_sampler *s, int id, int layer)
 static enum ng_status enqueue_step(struct ng_sampler *s)
 {
 	const struct ng_gpt_config *m = &s->cfg.model;
+	if (m->arch == NG_ARCH_SPEEDRUN)
+		return ng_sampler_spr_enqueue_(s);
 	int C = m->C, T = m->T, D = C / m->H;
 	cudaStream_t st = s->stream;
 	enum ng_status r = ng_decode_embed(s->x, wp(s, NG_P_WTE, 0), wp(s, NG_P_WPE, 0), s->tokens,
@@ -32,44 +36,60 @@ static enum ng_status enqueue_step(struct ng_sampler *s)
 		r = ng_decode_layernorm(s->ln, s->x, wp(s, NG_P_LN1W, l), wp(s, NG_P_LN1B, l), C, st);
 		if (!r)
 			r = ng_decode_gemv(s->qkv, wp(s, NG_P_QKVW, l), wp(s, NG_P_QKVB, l), s->ln, C,
-					   3 * C, 0, 0, st);
+					   3 * C, NG_DECODE_ACT_NONE, 0, st);
 		if (!r)
 			r = ng_decode_attention(s->att, kc, vc, s->qkv, s->pos, m->H, D, T, st);
 		if (!r)
 			r = ng_decode_gemv(s->x, wp(s, NG_P_ATTPROJW, l), wp(s, NG_P_ATTPROJB, l),
-					   s->att, C, C, 0, 1, st);
+					   s->att, C, C, NG_DECODE_ACT_NONE, 1, st);
 		if (!r)
 			r = ng_decode_layernorm(s->ln, s->x, wp(s, NG_P_LN2W, l), wp(s, NG_P_LN2B, l),
 						C, st);
 		if (!r)
 			r = ng_decode_gemv(s->fc, wp(s, NG_P_FCW, l), wp(s, NG_P_FCB, l), s->ln, C,
-					   4 * C, 1, 0, st);
+					   4 * C, NG_DECODE_ACT_GELU, 0, st);
 		if (!r)
 			r = ng_decode_gemv(s->x, wp(s, NG_P_FCPROJW, l), wp(s, NG_P_FCPROJB, l), s->fc,
-					   4 * C, C, 0, 1, st);
+					   4 * C, C, NG_DECODE_ACT_NONE, 1, st);
 	}
 	if (!r)
 		r = ng_decode_layernorm(s->ln, s->x, wp(s, NG_P_LNFW, 0), wp(s, NG_P_LNFB, 0), C, st);
 	if (!r)
-		r = ng_decode_gemv(s->logits, wp(s, NG_P_WTE, 0), NULL, s->ln, C, m->Vp, 0, 0, st);
+		r = ng_decode_gemv(s->logits, wp(s, NG_P_WTE, 0), NULL, s->ln, C, m->Vp,
+				   NG_DECODE_ACT_NONE, 0, st);
 	if (!r)
 		r = ng_decode_sample(s->tokens, s->pos, s->n_prompt, s->logits, m->V, s->cfg.top_k,
 				     s->cfg.temperature, s->cfg.seed, st);
 	return r;
 }
 
-/* One device allocation carved into the buffers, each 256-byte aligned. */
+/* The flat range xlambda .. skipw of the speedrun model's scalars: first element and count (0
+ * for GPT-2, which has none). */
+static size_t scalar_range(const struct ng_sampler *s, size_t *first)
+{
+	const struct ng_param_spec *a = &s->lay.p[NG_P_XLAMBDA], *b = &s->lay.p[NG_P_SKIPW];
+	*first = a->offset;
+	return ng_param_present(a) ? b->offset + b->numel - a->offset : 0;
+}
+
+/* One device allocation carved into the buffers, each 256-byte aligned (the speedrun model's
+ * buffers take no space in a GPT-2 sampler). */
 static enum ng_status alloc_all(struct ng_sampler *s)
 {
 	const struct ng_gpt_config *m = &s->cfg.model;
-	size_t C = (size_t)m->C, cache = (size_t)m->L * m->T * C;
+	bool spr = m->arch == NG_ARCH_SPEEDRUN;
+	size_t C = (size_t)m->C, first;
+	size_t cache = (size_t)(spr ? m->L - 1 : m->L) * m->T * C;
 	size_t sizes[] = { s->lay.total * sizeof(ng_bf16), C * 4, C * 4, 3 * C * 4, C * 4,
 			   4 * C * 4, (size_t)m->Vp * 4, cache * 4, cache * 4,
-			   ((size_t)m->T + 1) * 4, 4, 4 };
+			   ((size_t)m->T + 1) * 4, 4, 4, spr ? C * 4 : 0,
+			   spr ? (size_t)(m->L / 2) * C * 4 : 0, scalar_range(s, &first) * 4,
+			   spr ? 4 : 0 };
 	void **dst[] = { (void **)&s->w, (void **)&s->x, (void **)&s->ln, (void **)&s->qkv,
 			 (void **)&s->att, (void **)&s->fc, (void **)&s->logits,
 			 (void **)&s->kcache, (void **)&s->vcache, (void **)&s->tokens,
-			 (void **)&s->pos, (void **)&s->n_prompt };
+			 (void **)&s->pos, (void **)&s->n_prompt, (void **)&s->x0,
+			 (void **)&s->skip, (void **)&s->scalars, (void **)&s->doc_start };
 	int n = (int)(sizeof(sizes) / sizeof(sizes[0]));
 	size_t total = 0;
 	for (int i = 0; i < n; i++)
@@ -96,6 +116,10 @@ enum ng_status ng_sampler_init(struct ng_sampler *s, const struct ng_sampler_con
 	if (cfg->top_k < 0 || cfg->top_k > NG_DECODE_MAX_TOP_K)
 		return ng_fail(NG_ERR_INPUT, "sample --top-k %d: must be 0 (all) .. %d", cfg->top_k,
 			       NG_DECODE_MAX_TOP_K);
+	if (cfg->window < 0)
+		return ng_fail(NG_ERR_INPUT, "sample: window %d must be >= 0 (0: the widest)",
+			       cfg->window);
+	s->window = cfg->window > 0 ? cfg->window : ng_spr_window_blocks(1, 1);
 	ng_gpt_layout(&s->cfg.model, &s->lay);
 	if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)))
 		return NG_ERR_RUNTIME;
@@ -119,6 +143,10 @@ enum ng_status ng_sampler_init(struct ng_sampler *s, const struct ng_sampler_con
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(s->stream));
 	free(hi);
+	size_t first, ns = scalar_range(s, &first);
+	if (!st && ns) /* the speedrun model's scalars in fp32, as the training step reads them */
+		st = NG_CUDA_CHECK(cudaMemcpy(s->scalars, params + first, ns * sizeof(float),
+					      cudaMemcpyHostToDevice));
 	if (st || cfg->no_graph)
 		return st;
 	/* capture with the global mode: a forbidden call (sync, malloc) inside fails loudly */

@@ -9,6 +9,14 @@
  * Numerics: weights bf16 (the copy training reads: the high half of the split fp32 master,
  * kernels/split.h), activations, KV cache and logits fp32.
  * Memory: weights (lay.total bf16) + 2 L T C floats of cache + a few rows.
+ *
+ * The speedrun model (arch NG_ARCH_SPEEDRUN, graph/sampler_spr.c) runs its own step through
+ * the same contract: embedding + RMSNorm, L x [U-net skip, x0 mixing, (RMSNorm, QKV, QK-norm +
+ * rotary + value mixing, attention over the cache within the document and the block's window,
+ * projection + residual), RMSNorm, FC + relu^2, projection + residual], RMSNorm, head, soft
+ * cap, sampling; its logits are the soft-capped ones. Its scalars (xlambda, vlambda, skipw) are
+ * kept in fp32 as the training step reads them; its cache holds the L - 1 blocks with
+ * attention. Its reference is graph/cpu_spr_decode.h.
  */
 #ifndef NG_GRAPH_SAMPLER_H
 #define NG_GRAPH_SAMPLER_H
@@ -29,6 +37,10 @@ struct ng_sampler_config {
 	bool no_graph;               /* launch the step's kernels eagerly (tests: replay == eager) */
 	bool stop_at_eot;            /* stop once NG_SAMPLER_EOT is sampled (checked every
 				      * NG_SAMPLER_CHUNK tokens: one host sync per chunk) */
+	int window;                  /* speedrun: the attention window W in blocks of
+				      * NG_SPR_WINDOW_BLOCK tokens; 0: the widest, the end of
+				      * training's schedule (ng_spr_window_blocks(1, 1), as the
+				      * evaluation step) */
 };
 
 #define NG_SAMPLER_EOT 50256  /* GPT-2's <|endoftext|> */
@@ -44,7 +56,13 @@ struct ng_sampler {
 	float *att;                  /* (C) attention output */
 	float *fc;                   /* (4C) GELU(fc) */
 	float *logits;               /* (Vp) logits of the last processed position */
-	float *kcache, *vcache;      /* (L, T, C) each */
+	float *kcache, *vcache;      /* (Lc, T, C) each; Lc = L (GPT-2) or L - 1 (speedrun: the
+				      * blocks with attention, by ng_spr_attn_slot) */
+	float *x0;                   /* (C) speedrun: rmsnorm(wte[tok]) */
+	float *skip;                 /* (L/2, C) speedrun: outputs of blocks 0 .. L/2-1 (U-net) */
+	float *scalars;              /* speedrun: fp32 copy of the flat range xlambda .. skipw */
+	int *doc_start;              /* device scalar, speedrun: the current document's start */
+	int window;                  /* speedrun: W in use (cfg.window, or its default) */
 	int32_t *tokens;             /* (T) the sequence: prompt, then samples */
 	int *pos;                    /* device scalar: the position processed next */
 	int *n_prompt;               /* device scalar */
@@ -72,5 +90,9 @@ enum ng_status ng_sampler_generate(struct ng_sampler *s, const int32_t *prompt, 
 				   float *logits);
 /* The logits of the last step (Vp floats) to the host. */
 enum ng_status ng_sampler_logits(struct ng_sampler *s, float *host);
+
+/* graph/sampler_spr.c, for sampler.c only: the speedrun model's decode step (the body of its
+ * captured graph). */
+enum ng_status ng_sampler_spr_enqueue_(struct ng_sampler *s);
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * kernels/decode.cu — one-token generation kernels (see decode.h): embedding, one-row
- * LayerNorm, warp-per-row GEMV with bias/GELU/residual epilogue, attention over the KV cache,
+ * LayerNorm, warp-per-row GEMV with bias/GELU/relu^2/residual epilogue, attention over the KV
+ * cache (causal, or with the speedrun model's document and window bound and scale),
  * and top-k / temperature sampling with a counter-based RNG. Generation is memory-bound (every
  * weight read once per token), so a warp per output row with 16-byte loads is the right shape;
  * cuBLASLt with N=1 would add a plan per shape for no gain.
@@ -49,7 +50,7 @@ static __device__ __forceinline__ float gelu_tanh(float x)
 
 static __global__ void gemv_warp_per_row(float *out, const __nv_bfloat16 *W,
 					 const __nv_bfloat16 *bias, const float *x, int IC, int OC,
-					 int gelu, int accumulate)
+					 int act, int accumulate)
 {
 	int row = blockIdx.x * (blockDim.x / NG_WARP) + threadIdx.x / NG_WARP;
 	int lane = threadIdx.x % NG_WARP;
@@ -69,46 +70,57 @@ static __global__ void gemv_warp_per_row(float *out, const __nv_bfloat16 *W,
 	if (lane == 0) {
 		if (bias)
 			acc += __bfloat162float(bias[row]);
-		if (gelu)
+		if (act == NG_DECODE_ACT_GELU)
 			acc = gelu_tanh(acc);
+		else if (act == NG_DECODE_ACT_RELU2)
+			acc = acc > 0.0f ? acc * acc : 0.0f;
 		out[row] = accumulate ? out[row] + acc : acc;
 	}
 }
 
-/* One block per head; dynamic shared memory: D (q) + Tmax (scores) floats. */
+/* One block per head; dynamic shared memory: D (q) + span (scores) floats, span the most keys a
+ * query sees. The query at p sees keys [lo, p]: lo = 0 for GPT-2; max(*doc_start, p - window
+ * + 1) for the speedrun model (doc_start NULL: 0; window <= 0: no window). scale <= 0 stands
+ * for 1 / sqrt(D), computed here in fp32. */
 static __global__ void attention_over_cache(float *out, float *kc, float *vc, const float *qkv,
-					    const int *pos, int H, int D, int Tmax)
+					    const int *pos, const int *doc_start, int window,
+					    float scale, int H, int D)
 {
 	extern __shared__ float smem[];
 	__shared__ float sh[32];
 	float *q = smem, *sc = smem + D;
 	int h = blockIdx.x, C = H * D, p = *pos;
+	int lo = doc_start ? *doc_start : 0;
+	if (window > 0 && p - window + 1 > lo)
+		lo = p - window + 1;
 	for (int d = threadIdx.x; d < D; d += blockDim.x) {
 		q[d] = qkv[h * D + d];
 		kc[(size_t)p * C + h * D + d] = qkv[C + h * D + d];
 		vc[(size_t)p * C + h * D + d] = qkv[2 * C + h * D + d];
 	}
 	__syncthreads();
-	float scale = rsqrtf((float)D), mx = -INFINITY;
-	for (int t = threadIdx.x; t <= p; t += blockDim.x) {
+	float mx = -INFINITY;
+	if (scale <= 0.0f)
+		scale = rsqrtf((float)D);
+	for (int t = lo + threadIdx.x; t <= p; t += blockDim.x) {
 		const float *k = kc + (size_t)t * C + h * D;
 		float s = 0;
 		for (int d = 0; d < D; d++)
 			s += q[d] * k[d];
-		sc[t] = s * scale;
-		mx = fmaxf(mx, sc[t]);
+		sc[t - lo] = s * scale;
+		mx = fmaxf(mx, sc[t - lo]);
 	}
 	mx = ng_block_reduce_(mx, sh, -INFINITY, op_max());
 	float sum = 0;
-	for (int t = threadIdx.x; t <= p; t += blockDim.x) {
-		sc[t] = expf(sc[t] - mx);
-		sum += sc[t];
+	for (int t = lo + threadIdx.x; t <= p; t += blockDim.x) {
+		sc[t - lo] = expf(sc[t - lo] - mx);
+		sum += sc[t - lo];
 	}
 	sum = ng_block_reduce_(sum, sh, 0.0f, ng_op_sum_());
 	for (int d = threadIdx.x; d < D; d += blockDim.x) {
 		float acc = 0;
-		for (int t = 0; t <= p; t++)
-			acc += sc[t] * vc[(size_t)t * C + h * D + d];
+		for (int t = lo; t <= p; t++)
+			acc += sc[t - lo] * vc[(size_t)t * C + h * D + d];
 		out[h * D + d] = acc / sum;
 	}
 }
@@ -262,31 +274,57 @@ extern "C" enum ng_status ng_decode_layernorm(float *out, const float *x, const 
 }
 
 extern "C" enum ng_status ng_decode_gemv(float *out, const ng_bf16 *W, const ng_bf16 *bias,
-					 const float *x, int IC, int OC, int gelu, int accumulate,
+					 const float *x, int IC, int OC, int act, int accumulate,
 					 cudaStream_t s)
 {
 	if (IC <= 0 || OC <= 0 || IC % 8 || !ng_aligned16_(W) || !ng_aligned16_(x) ||
-	    (const void *)out == (const void *)x)
+	    (const void *)out == (const void *)x || act < NG_DECODE_ACT_NONE ||
+	    act > NG_DECODE_ACT_RELU2)
 		return ng_check_arg_fail("ng_decode_gemv", "IC = %d (multiple of 8), OC = %d, W %p "
-					 "and x %p 16-byte aligned, out %p != x", IC, OC, W, x, out);
+					 "and x %p 16-byte aligned, out %p != x, act %d (0..2)", IC,
+					 OC, W, x, out, act);
 	int rows = DECODE_THREADS / NG_WARP;
 	gemv_warp_per_row<<<(OC + rows - 1) / rows, DECODE_THREADS, 0, s>>>(
-		out, (const __nv_bfloat16 *)W, (const __nv_bfloat16 *)bias, x, IC, OC, gelu,
+		out, (const __nv_bfloat16 *)W, (const __nv_bfloat16 *)bias, x, IC, OC, act,
 		accumulate);
 	return NG_LAUNCH_CHECK("gemv_warp_per_row");
+}
+
+/* The launch of attention_over_cache for both entries; span = the most keys a query sees. */
+static enum ng_status attention_launch(const char *who, float *out, float *kcache,
+				       float *vcache, const float *qkv, const int *pos,
+				       const int *doc_start, int window, float scale, int H, int D,
+				       int Tmax, cudaStream_t s)
+{
+	int span = window > 0 && window < Tmax ? window : Tmax;
+	size_t smem = (size_t)(D + span) * sizeof(float);
+	if (H <= 0 || D <= 0 || D > 256 || Tmax <= 0 || smem > 48 * 1024)
+		return ng_check_arg_fail(who, "H = %d, D = %d (<= 256), Tmax = %d, window %d (D + "
+					 "min(window, Tmax) floats must fit 48 KiB of shared "
+					 "memory)", H, D, Tmax, window);
+	attention_over_cache<<<H, 128, smem, s>>>(out, kcache, vcache, qkv, pos, doc_start, window,
+						   scale, H, D);
+	return NG_LAUNCH_CHECK("attention_over_cache");
 }
 
 extern "C" enum ng_status ng_decode_attention(float *out, float *kcache, float *vcache,
 					      const float *qkv, const int *pos, int H, int D,
 					      int Tmax, cudaStream_t s)
 {
-	size_t smem = (size_t)(D + Tmax) * sizeof(float);
-	if (H <= 0 || D <= 0 || D > 256 || Tmax <= 0 || smem > 48 * 1024)
-		return ng_check_arg_fail("ng_decode_attention", "H = %d, D = %d (<= 256), Tmax = %d "
-					 "(D + Tmax floats must fit 48 KiB of shared memory)", H, D,
-					 Tmax);
-	attention_over_cache<<<H, 128, smem, s>>>(out, kcache, vcache, qkv, pos, H, D, Tmax);
-	return NG_LAUNCH_CHECK("attention_over_cache");
+	return attention_launch("ng_decode_attention", out, kcache, vcache, qkv, pos, NULL, 0, 0.0f,
+				H, D, Tmax, s);
+}
+
+extern "C" enum ng_status ng_decode_attention_masked(float *out, float *kcache, float *vcache,
+						     const float *qkv, const int *pos,
+						     const int *doc_start, int window, float scale,
+						     int H, int D, int Tmax, cudaStream_t s)
+{
+	if (!(scale > 0.0f))
+		return ng_check_arg_fail("ng_decode_attention_masked", "scale %g must be > 0",
+					 (double)scale);
+	return attention_launch("ng_decode_attention_masked", out, kcache, vcache, qkv, pos,
+				doc_start, window, scale, H, D, Tmax, s);
 }
 
 extern "C" enum ng_status ng_decode_sample(int32_t *tokens, int *pos, const int *n_prompt,

@@ -36,13 +36,21 @@ enum ng_status ng_decode_layernorm(float *out,          /* (C) fp32, = */
 				   const ng_bf16 *b,    /* (C) bf16 */
 				   int C, cudaStream_t s);
 
-/* y = W x + bias, then GELU (tanh) when gelu; out = y, or out += y when accumulate (the
- * residual add). A warp per output row. IC % 8 == 0; W 16-byte aligned; out must not alias x. */
+/* The epilogue activation of ng_decode_gemv. */
+enum ng_decode_act {
+	NG_DECODE_ACT_NONE = 0,  /* y */
+	NG_DECODE_ACT_GELU = 1,  /* GELU (tanh form): GPT-2's MLP */
+	NG_DECODE_ACT_RELU2 = 2, /* max(y, 0)^2: the speedrun model's MLP */
+};
+
+/* y = W x + bias, then the activation act (enum ng_decode_act); out = y, or out += y when
+ * accumulate (the residual add). A warp per output row. IC % 8 == 0; W 16-byte aligned; out
+ * must not alias x. */
 enum ng_status ng_decode_gemv(float *out,          /* (OC) fp32, = or += */
 			      const ng_bf16 *W,    /* (OC, IC) bf16, row-major (torch Linear) */
 			      const ng_bf16 *bias, /* (OC) bf16, or NULL */
 			      const float *x,      /* (IC) fp32, 16-byte aligned */
-			      int IC, int OC, int gelu, int accumulate, cudaStream_t s);
+			      int IC, int OC, int act, int accumulate, cudaStream_t s);
 
 /* Causal attention of position *pos: k and v of qkv go into row *pos of the caches, then
  * out[h] = softmax(q_h . K_h[0..pos] / sqrt(D)) V_h[0..pos]. One block per head. */
@@ -52,6 +60,19 @@ enum ng_status ng_decode_attention(float *out,         /* (C) fp32, = */
 				   const float *qkv,   /* (3C) fp32: [q | k | v], head h at h*D */
 				   const int *pos,     /* device scalar */
 				   int H, int D, int Tmax, cudaStream_t s);
+
+/* ng_decode_attention with the speedrun model's mask and scale: the query at p = *pos sees the
+ * cache rows [lo, p], lo = max(*doc_start, p - window + 1) (doc_start NULL: 0; window <= 0: no
+ * window), with scores scale * q_h . K_h. The cache rows of p get k and v of qkv as there.
+ * Shared memory: D + min(window, Tmax) floats (window <= 0: D + Tmax), at most 48 KiB. */
+enum ng_status ng_decode_attention_masked(float *out,           /* (C) fp32, = */
+					  float *kcache,        /* (Tmax, C) fp32, row *pos = */
+					  float *vcache,        /* (Tmax, C) fp32, row *pos = */
+					  const float *qkv,     /* (3C) fp32: [q | k | v] */
+					  const int *pos,       /* device scalar */
+					  const int *doc_start, /* device scalar, or NULL */
+					  int window, float scale, int H, int D, int Tmax,
+					  cudaStream_t s);
 
 /* Next token: when *pos + 1 >= *n_prompt, tokens[*pos + 1] = a draw from softmax(logits[0..V)
  * / temperature) restricted to the top_k largest (top_k 0: all V; temperature <= 0: argmax),

@@ -1,6 +1,7 @@
 /*
- * src/cmd_infer.c — `nanograph sample` (KV-cache generation on the GPU, graph/sampler.h; the
- * prompt encoded and the output decoded with the GPT-2 tokenizer) and `nanograph eval`
+ * src/cmd_infer.c — `nanograph sample` (KV-cache generation on the GPU, graph/sampler.h, for
+ * both model families: GPT-2 and the speedrun model; the prompt encoded and the output decoded
+ * with the GPT-2 tokenizer, which both use) and `nanograph eval`
  * (validation loss and perplexity of a checkpoint through the training backends' evaluation
  * step: the GPU's captured eval graph, or the CPU reference with --device cpu).
  * --ckpt takes a model file (model_*.safetensors, or any HF GPT-2 safetensors) or a checkpoint
@@ -40,8 +41,9 @@ static enum ng_status load_ckpt(const char *ckpt, struct ng_gpt_config *cfg, flo
 	}
 	enum ng_status st = ng_ckpt_read_model(path, cfg, params);
 	if (!st)
-		fprintf(stderr, "model: %s | L=%d H=%d C=%d T=%d V=%d\n", path, cfg->L, cfg->H,
-			cfg->C, cfg->T, cfg->V);
+		fprintf(stderr, "model: %s | %s L=%d H=%d C=%d T=%d V=%d\n", path,
+			cfg->arch == NG_ARCH_SPEEDRUN ? "speedrun" : "gpt2", cfg->L, cfg->H, cfg->C,
+			cfg->T, cfg->V);
 	return st;
 }
 
@@ -73,7 +75,7 @@ static enum ng_status write_logits(const char *path, const int32_t *ids, int n_p
 enum ng_status ng_cmd_sample(int argc, char **argv)
 {
 	const char *ckpt = NULL, *prompt = NULL, *vocab = NULL;
-	long long tokens = 64, top_k = 40, seed = 1337;
+	long long tokens = 64, top_k = 40, seed = 1337, window = 0;
 	double temperature = 1.0;
 	bool no_graph = false, ignore_eot = false;
 	const char *logits_path = NULL;
@@ -99,6 +101,9 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 		{ "--logits", NG_FLAG_STRING, &logits_path, 0, 0, "FILE",
 		  "write every step's logits (float32; see tools/peer/hf_check.py) -- a check, slow",
 		  false },
+		{ "--window", NG_FLAG_INT, &window, 0, 1e6, "W",
+		  "speedrun model: attention window in blocks of 128 tokens, 0 = the widest, as at "
+		  "the end of training (0)", false },
 	};
 	struct ng_command_spec spec = {
 		.name = "sample",
@@ -138,10 +143,30 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 	st = load_ckpt(ckpt, &cfg, &params);
 	if (st)
 		goto done;
+	/* the default prompt is the document start: <|endoftext|> for GPT-2 (or token 0 in a
+	 * vocabulary without it); the speedrun model's document-start token V - 1 (the same
+	 * 50256 in GPT-2's vocabulary) */
+	int32_t start;
+	switch (cfg.arch) {
+	case NG_ARCH_GPT2:
+		start = cfg.V > NG_TOKENIZER_EOT ? NG_TOKENIZER_EOT : 0;
+		if (window)
+			fprintf(stderr, "sample: --window applies to the speedrun model only; "
+				"ignored\n");
+		break;
+	case NG_ARCH_SPEEDRUN:
+		start = cfg.V - 1;
+		break;
+	default:
+		st = ng_fail(NG_ERR_INPUT, "sample: %s holds model family %d, which sample does "
+			     "not know", ckpt, cfg.arch);
+		ng_hint("sample runs GPT-2 (family 0) and the speedrun model (family 1)");
+		goto done;
+	}
 	if (prompt && *prompt)
 		st = ng_tokenizer_encode(&tok, NULL, prompt, strlen(prompt), &buf);
 	else
-		st = ng_token_buf_push(&buf, cfg.V > NG_TOKENIZER_EOT ? NG_TOKENIZER_EOT : 0);
+		st = ng_token_buf_push(&buf, (uint16_t)start);
 	if (st)
 		goto done;
 	int n_prompt = (int)buf.len, n_new = (int)tokens;
@@ -159,8 +184,11 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 	}
 	for (int i = 0; i < n_prompt; i++)
 		ids[i] = buf.data[i];
-	struct ng_sampler_config sc = { cfg, (int)top_k, (float)temperature, (uint64_t)seed,
-					no_graph, !ignore_eot && !logits_path };
+	struct ng_sampler_config sc = { .model = cfg, .top_k = (int)top_k,
+					.temperature = (float)temperature, .seed = (uint64_t)seed,
+					.no_graph = no_graph,
+					.stop_at_eot = !ignore_eot && !logits_path,
+					.window = cfg.arch == NG_ARCH_SPEEDRUN ? (int)window : 0 };
 	int steps = n_prompt + (n_new > 0 ? n_new : 1) - 1, n_done = 0;
 	if (logits_path) {
 		rows = malloc((size_t)steps * cfg.V * sizeof(float));

@@ -1,8 +1,8 @@
 /*
  * tests/kernel_testing.h — helpers shared by the kernel-family tests (test_encoder.c,
  * test_layernorm.c, test_elementwise.c, test_loss.c, test_optim.c, test_fp8.c, test_matmul.c):
- * bf16 <-> float, fresh seeds, random bf16 fills, device upload/download, and the comparisons
- * docs/CONTRIBUTING.md asks for.
+ * bf16 <-> float, fresh seeds, random bf16 and fp32 fills, device upload/download (and device
+ * ints), and the comparisons docs/CONTRIBUTING.md asks for.
  *
  * Header-only (static functions) on purpose: tests/meson.build builds each test from its one .c
  * file, and these helpers are test-only. Every comparison reports max abs err, max rel err and
@@ -102,6 +102,37 @@ static void kt_download(void *h, const void *d, size_t bytes)
 {
 	kt_cuda(cudaDeviceSynchronize(), "kernel");
 	kt_cuda(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
+
+/* n normal fp32 values N(mean, sd) in f, the same values in d. */
+static void kt_fill_f32(struct ng_rng *r, float *f, double *d, size_t n, double mean, double sd)
+{
+	for (size_t i = 0; i < n; i++) {
+		f[i] = (float)(mean + sd * ng_rng_normal(r));
+		d[i] = f[i];
+	}
+}
+
+/* A device int holding v, and the value of one. */
+static int *kt_device_int(int v)
+{
+	return kt_upload(&v, sizeof(v));
+}
+
+static int kt_read_int(const int *d)
+{
+	int v;
+	kt_download(&v, d, sizeof(v));
+	return v;
+}
+
+/* max(1, max |ref|): the scale an fp32 atol is a fraction of. */
+static double kt_ref_scale(const double *ref, size_t n)
+{
+	double m = 1.0;
+	for (size_t i = 0; i < n; i++)
+		m = fmax(m, fabs(ref[i]));
+	return m;
 }
 
 /* Error summary of got vs ref. */

@@ -1,12 +1,14 @@
 /*
  * tests/test_decode.c — the one-token generation kernels of `nanograph sample` (kernels/decode.h)
- * against the double-precision references of graph/cpu_ops.h, each kernel alone, on fresh
- * seeded random inputs (the seed is printed with any failure) and odd shapes.
+ * against the double-precision references of graph/cpu_ops.h (and cpu_spr_ops.h for the
+ * speedrun mask), each kernel alone, on fresh seeded random inputs (the seed is printed with any
+ * failure) and odd shapes.
  *
  * Tolerances (tests/kernel_testing.h): the outputs are fp32, so
  *  - the embedding, one fp32 rounding of the exact sum of two bf16 values: |got - ref| <=
  *    2^-24 |ref| (half an fp32 ulp);
- *  - LayerNorm, the GEMV (with bias, GELU, the residual add) and attention are reductions: the
+ *  - LayerNorm, the GEMV (with bias, GELU or relu^2, the residual add) and attention (causal,
+ *    and the speedrun model's document and window bound with its scale) are reductions: the
  *    FlashAttention rule, max |kernel - fp64| <= 2 max |naive fp32 - fp64| + atol, the naive
  *    being the plain fp32 loop over the same inputs in the same formula; atol 1e-5 of
  *    max(1, the largest |reference|), the fp32 atol of tests/test_attention.c (the device's
@@ -29,6 +31,7 @@
 #include <string.h>
 
 #include "graph/cpu_ops.h"
+#include "graph/cpu_spr_ops.h"
 #include "kernels/check.h"
 #include "kernels/decode.h"
 #include "tests/kernel_testing.h"
@@ -42,31 +45,7 @@ static void need_gpu(void)
 /* The atol of an fp32 output: 1e-5 of max(1, max |ref|). */
 static double fp32_atol(const double *ref, size_t n)
 {
-	double m = 1.0;
-	for (size_t i = 0; i < n; i++)
-		m = fmax(m, fabs(ref[i]));
-	return 1e-5 * m;
-}
-
-/* n normal fp32 values N(mean, sd), the same values in d. */
-static void fill_f32(struct ng_rng *r, float *f, double *d, size_t n, double mean, double sd)
-{
-	for (size_t i = 0; i < n; i++) {
-		f[i] = (float)(mean + sd * ng_rng_normal(r));
-		d[i] = f[i];
-	}
-}
-
-static int *device_int(int v)
-{
-	return kt_upload(&v, sizeof(v));
-}
-
-static int read_int(const int *d)
-{
-	int v;
-	kt_download(&v, d, sizeof(v));
-	return v;
+	return 1e-5 * kt_ref_scale(ref, n);
 }
 
 /* ---- embedding ---- */
@@ -90,7 +69,7 @@ static void embed_case(const struct embed_case *c)
 		tok[t] = (int32_t)ng_rng_below(&r, (uint64_t)c->V);
 	void *d_wte = kt_upload(wte, (size_t)c->V * C * 2), *d_wpe = kt_upload(wpe, (size_t)c->Tmax * C * 2);
 	int32_t *d_tok = kt_upload(tok, (size_t)c->Tmax * 4);
-	int *d_pos = device_int(c->pos);
+	int *d_pos = kt_device_int(c->pos);
 	float *d_x = kt_upload(NULL, C * 4), *x = kt_xmalloc(C * 4);
 	kt_ok(ng_decode_embed(d_x, d_wte, d_wpe, d_tok, d_pos, c->C, 0), "ng_decode_embed");
 	kt_download(x, d_x, C * 4);
@@ -138,7 +117,7 @@ static void ln_case(const struct ln_case *c)
 	double *x_d = kt_xmalloc(C * 8), *w_d = kt_xmalloc(C * 8), *b_d = kt_xmalloc(C * 8);
 	double *ref = kt_xmalloc(C * 8), *naive = kt_xmalloc(C * 8), mref, rref;
 	ng_bf16 *w = kt_xmalloc(C * 2), *b = kt_xmalloc(C * 2);
-	fill_f32(&r, x, x_d, C, c->mean, 2.0);
+	kt_fill_f32(&r, x, x_d, C, c->mean, 2.0);
 	kt_fill_bf16(&r, w, w_d, C, 1.0, 0.2);
 	kt_fill_bf16(&r, b, b_d, C, 0.0, 0.2);
 	ng_ref_layernorm_fwd(ref, &mref, &rref, x_d, w_d, b_d, 1, c->C);
@@ -179,7 +158,7 @@ Test(decode, layernorm_matches_reference)
 
 struct gemv_case {
 	int IC, OC;
-	int bias, gelu, accumulate;
+	int bias, act, accumulate; /* act: enum ng_decode_act */
 };
 
 static double gelu_d(double x)
@@ -204,8 +183,8 @@ static void gemv_case(const struct gemv_case *c)
 	float *x = kt_xmalloc(IC * 4), *o0 = kt_xmalloc(OC * 4), *out = kt_xmalloc(OC * 4);
 	kt_fill_bf16(&r, W, W_d, OC * IC, 0.0, 1.0 / sqrt((double)IC));
 	kt_fill_bf16(&r, bias, b_d, OC, 0.0, 0.5);
-	fill_f32(&r, x, x_d, IC, 0.0, 1.0);
-	fill_f32(&r, o0, o0_d, OC, 0.0, 1.0); /* what out holds before: the residual */
+	kt_fill_f32(&r, x, x_d, IC, 0.0, 1.0);
+	kt_fill_f32(&r, o0, o0_d, OC, 0.0, 1.0); /* what out holds before: the residual */
 	for (size_t o = 0; o < OC; o++) {
 		double y = c->bias ? b_d[o] : 0.0;
 		float yf = 0.0f;
@@ -215,23 +194,26 @@ static void gemv_case(const struct gemv_case *c)
 		}
 		if (c->bias)
 			yf += (float)b_d[o];
-		if (c->gelu) {
+		if (c->act == NG_DECODE_ACT_GELU) {
 			y = gelu_d(y);
 			yf = gelu_f(yf);
+		} else if (c->act == NG_DECODE_ACT_RELU2) {
+			y = y > 0 ? y * y : 0;
+			yf = yf > 0 ? yf * yf : 0;
 		}
 		ref[o] = c->accumulate ? o0_d[o] + y : y;
 		naive[o] = c->accumulate ? o0[o] + yf : yf;
 	}
 	void *d_W = kt_upload(W, OC * IC * 2), *d_b = kt_upload(bias, OC * 2);
 	float *d_x = kt_upload(x, IC * 4), *d_out = kt_upload(o0, OC * 4);
-	kt_ok(ng_decode_gemv(d_out, d_W, c->bias ? d_b : NULL, d_x, c->IC, c->OC, c->gelu,
+	kt_ok(ng_decode_gemv(d_out, d_W, c->bias ? d_b : NULL, d_x, c->IC, c->OC, c->act,
 			     c->accumulate, 0),
 	      "ng_decode_gemv");
 	kt_download(out, d_out, OC * 4);
 	double *got = kt_f2d(out, OC);
 	char what[128];
-	snprintf(what, sizeof(what), "decode_gemv IC=%d OC=%d bias %d gelu %d accumulate %d", c->IC,
-		 c->OC, c->bias, c->gelu, c->accumulate);
+	snprintf(what, sizeof(what), "decode_gemv IC=%d OC=%d bias %d act %d accumulate %d", c->IC,
+		 c->OC, c->bias, c->act, c->accumulate);
 	check_fa_(what, seed, got, naive, ref, OC, fp32_atol(ref, OC));
 	cudaFree(d_W), cudaFree(d_b), cudaFree(d_x), cudaFree(d_out);
 	free(W), free(bias), free(W_d), free(b_d), free(x_d), free(o0_d), free(ref), free(naive);
@@ -244,10 +226,12 @@ Test(decode, gemv_matches_reference)
 	static const struct gemv_case cases[] = {
 		{ .IC = 8, .OC = 1 },
 		{ .IC = 776, .OC = 37, .bias = 1 },
-		{ .IC = 200, .OC = 301, .bias = 1, .gelu = 1 },
+		{ .IC = 200, .OC = 301, .bias = 1, .act = NG_DECODE_ACT_GELU },
 		{ .IC = 3104, .OC = 776, .bias = 1, .accumulate = 1 },
 		{ .IC = 768, .OC = 5003 },
-		{ .IC = 264, .OC = 9, .gelu = 1, .accumulate = 1 },
+		{ .IC = 264, .OC = 9, .act = NG_DECODE_ACT_GELU, .accumulate = 1 },
+		{ .IC = 768, .OC = 3072, .act = NG_DECODE_ACT_RELU2 },
+		{ .IC = 96, .OC = 45, .bias = 1, .act = NG_DECODE_ACT_RELU2, .accumulate = 1 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		gemv_case(&cases[i]);
@@ -264,12 +248,17 @@ Test(decode, gemv_rejects_bad_arguments)
 	ng_clear_error();
 	cr_expect_eq(ng_decode_gemv(p, w, NULL, p, 16, 4, 0, 0, 0), NG_ERR_INPUT, "out == x");
 	ng_clear_error();
+	cr_expect_eq(ng_decode_gemv(p + 64, w, NULL, p, 16, 4, 3, 0, 0), NG_ERR_INPUT, "act 3");
+	ng_clear_error();
 }
 
 /* ---- attention over the KV cache ---- */
 
 struct att_case {
 	int H, D, Tmax, pos;
+	int masked;    /* ng_decode_attention_masked with scale 0.12 (else the causal entry) */
+	int doc_start; /* masked: the current document's start (<= pos) */
+	int window;    /* masked: tokens, 0 = none */
 };
 
 static void att_case(const struct att_case *c)
@@ -285,7 +274,7 @@ static void att_case(const struct att_case *c)
 	      *vc = kt_xmalloc(cache * 4), *out = kt_xmalloc(Cs * 4);
 	double *qkv_d = kt_xmalloc((size_t)T * 3 * Cs * 8), *ref_all = kt_xmalloc((size_t)T * Cs * 8);
 	double *lse = kt_xmalloc((size_t)H * T * 8), *naive = kt_xmalloc(Cs * 8);
-	fill_f32(&r, qkv, qkv_d, (size_t)T * 3 * Cs, 0.0, 1.0);
+	kt_fill_f32(&r, qkv, qkv_d, (size_t)T * 3 * Cs, 0.0, 1.0);
 	for (size_t i = 0; i < cache; i++) {
 		kc[i] = (float)ng_rng_normal(&r);
 		vc[i] = (float)ng_rng_normal(&r);
@@ -295,43 +284,60 @@ static void att_case(const struct att_case *c)
 			kc[(size_t)t * Cs + i] = qkv[((size_t)t * 3 + 1) * Cs + i];
 			vc[(size_t)t * Cs + i] = qkv[((size_t)t * 3 + 2) * Cs + i];
 		}
-	ng_ref_attention_fwd(ref_all, lse, qkv_d, 1, T, H, D);
+	/* the masked case: keys before doc_start are another document (id 0), the window is the
+	 * reference's own; the query sees [lo, pos] */
+	int32_t *doc = kt_xmalloc((size_t)T * 4);
+	for (int t = 0; t < T; t++)
+		doc[t] = c->masked && t >= c->doc_start;
+	float scale = c->masked ? 0.12f : 1.0f / sqrtf((float)D);
+	if (c->masked)
+		ng_ref_attention_masked_fwd(ref_all, lse, qkv_d, doc, c->window, 0.12, 1, T, H, D);
+	else
+		ng_ref_attention_fwd(ref_all, lse, qkv_d, 1, T, H, D);
+	int lo = c->masked ? c->doc_start : 0;
+	if (c->masked && c->window > 0 && c->pos - c->window + 1 > lo)
+		lo = c->pos - c->window + 1;
 	const double *ref = ref_all + (size_t)c->pos * Cs;
 	const float *q = qkv + (size_t)c->pos * 3 * Cs;
 	float *sc = kt_xmalloc((size_t)T * 4);
 	for (int h = 0; h < H; h++) { /* naive fp32: scores, max, exp, weighted sum */
 		float mx = -INFINITY, sum = 0;
-		for (int t = 0; t < T; t++) {
+		for (int t = lo; t < T; t++) {
 			float s = 0;
 			for (int d = 0; d < D; d++)
 				s += q[h * D + d] * qkv[((size_t)t * 3 + 1) * Cs + h * D + d];
-			sc[t] = s / sqrtf((float)D);
+			sc[t] = s * scale;
 			mx = fmaxf(mx, sc[t]);
 		}
-		for (int t = 0; t < T; t++) {
+		for (int t = lo; t < T; t++) {
 			sc[t] = expf(sc[t] - mx);
 			sum += sc[t];
 		}
 		for (int d = 0; d < D; d++) {
 			float acc = 0;
-			for (int t = 0; t < T; t++)
+			for (int t = lo; t < T; t++)
 				acc += sc[t] * qkv[((size_t)t * 3 + 2) * Cs + h * D + d];
 			naive[h * D + d] = acc / sum;
 		}
 	}
 	float *d_kc = kt_upload(kc, cache * 4), *d_vc = kt_upload(vc, cache * 4);
 	float *d_qkv = kt_upload(q, 3 * Cs * 4), *d_out = kt_upload(NULL, Cs * 4);
-	int *d_pos = device_int(c->pos);
-	kt_ok(ng_decode_attention(d_out, d_kc, d_vc, d_qkv, d_pos, H, D, c->Tmax, 0),
-	      "ng_decode_attention");
+	int *d_pos = kt_device_int(c->pos), *d_doc = kt_device_int(c->doc_start);
+	if (c->masked)
+		kt_ok(ng_decode_attention_masked(d_out, d_kc, d_vc, d_qkv, d_pos, d_doc, c->window,
+						 scale, H, D, c->Tmax, 0),
+		      "ng_decode_attention_masked");
+	else
+		kt_ok(ng_decode_attention(d_out, d_kc, d_vc, d_qkv, d_pos, H, D, c->Tmax, 0),
+		      "ng_decode_attention");
 	float *kc2 = kt_xmalloc(cache * 4), *vc2 = kt_xmalloc(cache * 4);
 	kt_download(out, d_out, Cs * 4);
 	kt_download(kc2, d_kc, cache * 4);
 	kt_download(vc2, d_vc, cache * 4);
 	double *got = kt_f2d(out, Cs);
 	char what[128];
-	snprintf(what, sizeof(what), "decode_attention H=%d D=%d Tmax=%d pos=%d", H, D, c->Tmax,
-		 c->pos);
+	snprintf(what, sizeof(what), "decode_attention H=%d D=%d Tmax=%d pos=%d masked %d doc %d "
+		 "window %d", H, D, c->Tmax, c->pos, c->masked, c->doc_start, c->window);
 	check_fa_(what, seed, got, naive, ref, Cs, fp32_atol(ref, Cs));
 	for (int i = 0; i < C; i++) { /* row pos: this token's k and v, bit for bit */
 		kc[(size_t)c->pos * Cs + i] = q[Cs + i];
@@ -341,8 +347,9 @@ static void att_case(const struct att_case *c)
 		  "%s: the caches are not the old rows with row pos = this token's k, v; seed %llu",
 		  what, (unsigned long long)seed);
 	cudaFree(d_kc), cudaFree(d_vc), cudaFree(d_qkv), cudaFree(d_out), cudaFree(d_pos);
+	cudaFree(d_doc);
 	free(qkv), free(kc), free(vc), free(out), free(qkv_d), free(ref_all), free(lse);
-	free(naive), free(sc), free(kc2), free(vc2), free(got);
+	free(naive), free(sc), free(kc2), free(vc2), free(got), free(doc);
 }
 
 Test(decode, attention_matches_reference)
@@ -357,6 +364,39 @@ Test(decode, attention_matches_reference)
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		att_case(&cases[i]);
+}
+
+/* The speedrun model's bound: the window cuts (doc_start earlier), the document does (window
+ * wider), neither does (a window beyond the cache, smaller than Tmax's shared memory would
+ * need), the query alone (a document starting at pos), and the real model's D = 128. */
+Test(decode, attention_masked_matches_reference)
+{
+	need_gpu();
+	static const struct att_case cases[] = {
+		{ .H = 2, .D = 32, .Tmax = 400, .pos = 399, .masked = 1, .doc_start = 10,
+		  .window = 128 },
+		{ .H = 2, .D = 32, .Tmax = 400, .pos = 300, .masked = 1, .doc_start = 250,
+		  .window = 128 },
+		{ .H = 6, .D = 128, .Tmax = 2000, .pos = 1999, .masked = 1, .doc_start = 0,
+		  .window = 1792 },
+		{ .H = 3, .D = 40, .Tmax = 50, .pos = 20, .masked = 1, .doc_start = 20,
+		  .window = 256 },
+		{ .H = 1, .D = 8, .Tmax = 9, .pos = 8, .masked = 1, .doc_start = 0, .window = 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		att_case(&cases[i]);
+}
+
+Test(decode, attention_masked_rejects_bad_arguments)
+{
+	float *p = (float *)(uintptr_t)4096;
+	int *i = (int *)(uintptr_t)8192;
+	cr_expect_eq(ng_decode_attention_masked(p, p, p, p, i, i, 128, 0.0f, 2, 32, 64, 0),
+		     NG_ERR_INPUT, "scale 0");
+	ng_clear_error();
+	cr_expect_eq(ng_decode_attention_masked(p, p, p, p, i, i, 0, 0.12f, 2, 32, 49152, 0),
+		     NG_ERR_INPUT, "no window: 49152 scores do not fit");
+	ng_clear_error();
 }
 
 /* ---- sampling ---- */
@@ -407,11 +447,11 @@ static void sample_case(const struct sample_case *c, int round)
 		tok[t] = -7;
 	float *d_l = kt_upload(logits, (size_t)V * 4);
 	int32_t *d_tok = kt_upload(tok, sizeof(tok));
-	int *d_pos = device_int(p), *d_np = device_int(round % 2 ? p + 1 : 0);
+	int *d_pos = kt_device_int(p), *d_np = kt_device_int(round % 2 ? p + 1 : 0);
 	kt_ok(ng_decode_sample(d_tok, d_pos, d_np, d_l, V, c->top_k, c->temperature, seed, 0),
 	      "ng_decode_sample");
 	kt_download(tok, d_tok, sizeof(tok));
-	cr_expect_eq(read_int(d_pos), p + 1, "the position advances");
+	cr_expect_eq(kt_read_int(d_pos), p + 1, "the position advances");
 	for (int t = 0; t < Tmax; t++)
 		if (t != p + 1)
 			cr_expect_eq(tok[t], -7, "token %d changed (only %d may)", t, p + 1);
@@ -465,7 +505,7 @@ static void sample_case(const struct sample_case *c, int round)
 	      "ng_decode_sample");
 	kt_download(tok, d_tok, sizeof(tok));
 	cr_expect_eq(tok[p + 1], -7, "the prompt's token at %d was overwritten", p + 1);
-	cr_expect_eq(read_int(d_pos), p + 1, "the position advances inside the prompt too");
+	cr_expect_eq(kt_read_int(d_pos), p + 1, "the position advances inside the prompt too");
 	cudaFree(d_l), cudaFree(d_tok), cudaFree(d_pos), cudaFree(d_np);
 	free(logits), free(order);
 }

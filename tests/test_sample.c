@@ -83,7 +83,7 @@ Test(sample, decode_logits_match_full_forward)
 	const double *ref = m.a.logits + (size_t)(P - 1) * cfg.Vp;
 
 	struct ng_sampler s;
-	struct ng_sampler_config sc = { cfg, 0, 0.0f, seed, false, false };
+	struct ng_sampler_config sc = { cfg, 0, 0.0f, seed, false, false, 0 };
 	cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 	int32_t next;
 	cr_assert_eq(ng_sampler_generate(&s, prompt, P, 1, &next, NULL, NULL, NULL), NG_OK, "%s",
@@ -149,7 +149,8 @@ Test(sample, graph_replay_equals_eager)
 		float *lg[2];
 		for (int eager = 0; eager < 2; eager++) {
 			struct ng_sampler s;
-			struct ng_sampler_config sc = { cfg, top_k[c], temp[c], seed, eager == 1, false };
+			struct ng_sampler_config sc = { cfg, top_k[c], temp[c], seed, eager == 1, false,
+							0 };
 			cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 			double secs;
 			cr_assert_eq(ng_sampler_generate(&s, prompt, P, n_new, out[eager], NULL, &secs, NULL),
@@ -184,7 +185,7 @@ Test(sample, context_overflow_refused)
 	struct ng_gpt_layout lay;
 	float *p = random_model(&cfg, &lay, &r, seed);
 	struct ng_sampler s;
-	struct ng_sampler_config sc = { cfg, 10, 1.0f, seed, false, false };
+	struct ng_sampler_config sc = { cfg, 10, 1.0f, seed, false, false, 0 };
 	cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 	int32_t prompt[2] = { 1, 2 }, out[64];
 	ng_clear_error();
@@ -207,7 +208,7 @@ Test(sample, logits_trace)
 	struct ng_gpt_layout lay;
 	float *p = random_model(&cfg, &lay, &r, seed);
 	struct ng_sampler s;
-	struct ng_sampler_config sc = { cfg, 0, 0.0f, seed, false, false };
+	struct ng_sampler_config sc = { cfg, 0, 0.0f, seed, false, false, 0 };
 	cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 	int32_t prompt[3] = { 5, 7, 11 }, a[8], b[8];
 	int n = 0, steps = 3 + 8 - 1;
@@ -260,7 +261,7 @@ Test(sample, stops_at_end_of_text)
 	}
 	for (int pass = 0; pass < 2; pass++) {
 		struct ng_sampler s;
-		struct ng_sampler_config sc = { cfg, 40, 1.0f, seed, false, pass == 0 };
+		struct ng_sampler_config sc = { cfg, 40, 1.0f, seed, false, pass == 0, 0 };
 		cr_assert_eq(ng_sampler_init(&s, &sc, p), NG_OK, "%s", ng_error_message());
 		int32_t prompt[2] = { 3, 4 }, out[40];
 		int n = -1;
