@@ -49,6 +49,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "validate every N steps, 0 = at the end only (0)", false },
 		{ "--val-batches", NG_FLAG_INT, &o.val_batches, 0, 1e6, "N",
 		  "micro-batches per validation (8)", false },
+		{ "--target-val-loss", NG_FLAG_DOUBLE, &o.target_val_loss, 0, 1e6, "X",
+		  "stop after the first validation (--val-every) at or below X and print the "
+		  "training time (validation excluded) and tokens it took; 0 = never (0)", false },
 		{ "--out", NG_FLAG_STRING, &o.out_dir, 0, 0, "DIR", "checkpoint directory (out)",
 		  false },
 		{ "--ckpt-every", NG_FLAG_INT, &o.ckpt_every, 0, 1e12, "N",
@@ -234,6 +237,15 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		return ng_fail(NG_ERR_INPUT, "train --zero1: needs data parallelism (--world N, "
 			       "mpirun or srun)");
 
+	if (o.target_val_loss > 0 && (o.val_every == 0 || o.val_batches == 0)) {
+		ng_fail(NG_ERR_INPUT, "train --target-val-loss: no validation during the run to "
+			"compare with it");
+		ng_hint("add --val-every N (and --val GLOB with --train)");
+		return NG_ERR_INPUT;
+	}
+	if (o.target_val_loss > 0 && plan.world > 1)
+		return ng_fail(NG_ERR_INPUT, "train --target-val-loss: one process only (rank 0 "
+			       "validates, and the ranks would not stop at the same step)");
 	struct ng_backend be;
 	if (strcmp(o.device, "cpu") == 0 && o.fp8) {
 		ng_fail(NG_ERR_INPUT, "train --fp8: the CPU reference computes in double precision "

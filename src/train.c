@@ -156,6 +156,7 @@ struct logger {
 	int metrics_errno;         /* the first failed write of the metrics (0: none); writing
 	                            * stops there and the loop fails after keeping its work */
 	double t_start, t_last;    /* wall clock of the start and the last printed result */
+	double t_val;              /* wall clock spent validating during the loop */
 	long long last_step;       /* step of the last result */
 	double tokens_per_step, flops_per_token, peak;
 	long long steps;
@@ -263,15 +264,20 @@ static enum ng_status drain(struct ng_backend *be, struct logger *lg, bool wait,
 	return NG_OK;
 }
 
+/* *out (may be NULL): the validation loss, NAN when this rank does not validate. */
 static enum ng_status validate(struct ng_backend *be, struct feed *f, struct logger *lg,
-			       long long step)
+			       long long step, double *out)
 {
+	if (out)
+		*out = NAN;
 	if (!f->val || f->rank != 0) /* the same batches on every rank: rank 0 evaluates */
 		return NG_OK;
 	double loss;
 	enum ng_status st = be->evaluate(be->ctx, f->val, f->n_val, &loss);
 	if (st)
 		return st;
+	if (out)
+		*out = loss;
 	if (lg->tty)
 		fputs("\r\033[K", lg->out);
 	if (isfinite(f->floor))
@@ -593,6 +599,7 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	lg.t_start = lg.t_last = now_s();
 	lg.last_step = start;
 	bool stop_flagged = false;
+	long long end = o->steps; /* the last step: o->steps, or where the target was reached */
 	for (long long step = start; step < o->steps; step++) {
 		uint16_t *buf;
 		if (be->request_stop && step - lg.last_step >= STOP_LAG - 1 &&
@@ -637,26 +644,41 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		}
 		if (o->val_every > 0 && (step + 1) % o->val_every == 0 && step + 1 < o->steps) {
 			st = drain(be, &lg, true, o->log_every);
+			double t0 = now_s(), vl = NAN;
 			if (!st)
-				st = validate(be, &f, &lg, step + 1);
+				st = validate(be, &f, &lg, step + 1, &vl);
+			lg.t_val += now_s() - t0;
 			if (st)
 				goto out;
+			if (o->target_val_loss > 0 && vl <= o->target_val_loss) {
+				end = step + 1;
+				break;
+			}
 		}
 	}
 	st = drain(be, &lg, true, o->log_every);
+	double t_end = now_s();
 	/* the final model, with --ckpt-every or after a signal too late to stop before the end
 	 * (every rank has the same stop_at once all steps are collected) */
-	bool written = o->ckpt_every > 0 && o->steps % o->ckpt_every == 0;
-	if (!st && start < o->steps && !written && (o->ckpt_every > 0 || lg.stop_at))
-		st = checkpoint(o, be, &f, &lg, o->steps, NULL);
-	if (!st)
-		st = validate(be, &f, &lg, o->steps);
+	bool written = o->ckpt_every > 0 && end % o->ckpt_every == 0;
+	if (!st && start < end && !written && (o->ckpt_every > 0 || lg.stop_at))
+		st = checkpoint(o, be, &f, &lg, end, NULL);
+	if (!st && end == o->steps) /* a run stopped at its target validated there already */
+		st = validate(be, &f, &lg, end, NULL);
 	if (!st && lg.metrics_errno)
-		st = metrics_error(&lg, o->steps);
+		st = metrics_error(&lg, end);
 	if (st)
 		goto out;
 	double wall = now_s() - lg.t_start;
-	fprintf(lg.out, "done: %lld steps in %.1f s | loss %.4f -> %.4f (%.1f%% lower)", o->steps,
+	if (end < o->steps)
+		fprintf(lg.out, "target: val loss <= %g reached after step %lld: %.2f s of training "
+			"(validation excluded), %.0f tokens%s\n", o->target_val_loss, end,
+			t_end - lg.t_start - lg.t_val, (double)(end - start) * lg.tokens_per_step,
+			start > 0 ? " since the resumed step (this process's share)" : "");
+	else if (o->target_val_loss > 0)
+		fprintf(lg.out, "target: val loss <= %g not reached in %lld steps\n",
+			o->target_val_loss, o->steps);
+	fprintf(lg.out, "done: %lld steps in %.1f s | loss %.4f -> %.4f (%.1f%% lower)", end,
 		wall, lg.first_loss, lg.last_loss, 100 * (1 - lg.last_loss / lg.first_loss));
 	if (lg.n_tok_s)
 		fprintf(lg.out, " | mean %.0f tok/s after step 1", lg.sum_tok_s / lg.n_tok_s);

@@ -28,6 +28,7 @@ struct ng_train_opts {
 	bool no_shuffle;           /* read training windows in file order (peer parity runs) */
 	const char *val_glob;      /* NULL: synthetic (or none with --train) */
 	long long val_every;       /* validate every N steps (and at the end); 0 = only at the end */
+	double target_val_loss;    /* > 0: stop after the first validation at or below this loss */
 	long long val_batches;     /* micro-batches per validation */
 	const char *out_dir;       /* checkpoints */
 	long long ckpt_every;      /* write a checkpoint every N steps (0: only on a signal) */

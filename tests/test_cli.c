@@ -144,3 +144,38 @@ Test(cli, cpu_tiny_cuts_the_loss_by_30_percent, .timeout = 600)
 	cr_expect(last <= 0.7 * first, "loss %.4f -> %.4f: cut by only %.1f%%", first, last,
 		  100 * (1 - last / first));
 }
+
+/* --target-val-loss stops after the first validation at or below it (steps, not time, are
+ * checked here), and needs a validation to compare with. */
+Test(cli, target_val_loss_stops_the_run, .timeout = 300)
+{
+	char path[] = "/tmp/ng_cli_targetXXXXXX", out[] = "/tmp/ng_cli_target_outXXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0 && mkdtemp(out));
+	close(fd);
+	enum ng_status st = ng_test_cli_run("train", "--device", "cpu", "--model", "tiny", "--steps",
+					    "60", "--val-every", "5", "--val-batches", "2",
+					    "--target-val-loss", "5.5", "--metrics", path, "--out",
+					    out, NULL);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	FILE *f = fopen(path, "r");
+	cr_assert(f);
+	char line[512];
+	int steps = 0, vals = 0;
+	double last_val = -1;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "\"val_loss\":");
+		if (p && sscanf(p + 11, "%lf", &last_val) == 1)
+			vals++;
+		else if (strstr(line, "\"loss\":"))
+			steps++;
+	}
+	fclose(f);
+	unlink(path);
+	cr_expect(steps < 60 && steps % 5 == 0, "%d steps ran", steps);
+	cr_expect(last_val >= 0 && last_val <= 5.5, "last validation %.4f", last_val);
+	cr_expect_eq(vals, steps / 5, "%d validations after %d steps", vals, steps);
+	expect_input_error(ng_test_cli_run("train", "--device", "cpu", "--model", "tiny",
+					   "--target-val-loss", "3", NULL), "no validation");
+	rmdir(out); /* empty: no checkpoint was asked for */
+}
