@@ -1,20 +1,24 @@
 /*
  * tests/ckpt_testing.h — helpers of the checkpoint tests (test_checkpoint.c, test_spr_cpu.c):
  * whole files in and out, the safetensors header length, a file re-serialised with its header
- * edited (and its checksum kept, re-stamped or dropped), and the losses of a metrics file.
+ * edited (and its checksum kept, re-stamped or dropped), the losses of a metrics file, and the
+ * loss `eval --device cpu` prints.
  * Include once per test program, after Criterion.
  */
 #ifndef NG_TESTS_CKPT_TESTING_H
 #define NG_TESTS_CKPT_TESTING_H
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/checkpoint.h"
+#include "src/commands.h"
 
 static inline unsigned char *read_file(const char *path, size_t *n)
 {
@@ -105,6 +109,31 @@ static inline int losses(const char *path, char out[][32], int max)
 	}
 	fclose(f);
 	return n;
+}
+
+/* `nanograph eval --ckpt model --val shard --batch 2 --device cpu`, its stdout captured in
+ * out: the val_loss it prints. */
+static inline double eval_cpu_loss(const char *model, const char *shard, const char *out)
+{
+	fflush(stdout);
+	int saved = dup(1), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	dup2(fd, 1);
+	close(fd);
+	char *argv[] = { "eval", "--ckpt", (char *)model, "--val", (char *)shard, "--batch", "2",
+			 "--device", "cpu" };
+	enum ng_status st = ng_cmd_eval(9, argv);
+	fflush(stdout);
+	dup2(saved, 1);
+	close(saved);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	size_t n;
+	char *text = (char *)read_file(out, &n);
+	text[n] = '\0';
+	char *v = strstr(text, "\"val_loss\":");
+	cr_assert(v, "no val_loss in '%s'", text);
+	double got = strtod(v + 11, NULL);
+	free(text);
+	return got;
 }
 
 #endif
