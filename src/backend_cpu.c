@@ -1,7 +1,15 @@
 /*
- * src/backend_cpu.c — the training backend on the double-precision CPU reference
- * (graph/cpu_ref.h): same loop, schedule, logging as the GPU path, synchronous. For tiny models
- * and for checking the GPU path.
+ * src/backend_cpu.c — the training backend on the double-precision CPU references: the GPT-2
+ * family's (graph/cpu_ref.h) and the speedrun model's (graph/cpu_spr.h). Same loop, schedule,
+ * logging as the GPU path, synchronous. For tiny models and for checking the GPU path.
+ *
+ * The speedrun model runs as the GPU step does (graph/step_spr.h): the window at 0-based step s
+ * of S is ng_spr_window_blocks(s, S) blocks, evaluation uses the widest (the last step's), a
+ * document starts at token V - 1 (cpu_spr's default), the gradient is that of the loss summed
+ * over the step's tokens while the loss reported is their mean. Its optimizer (AdamW or Muon,
+ * graph/cpu_muon.h) works on a struct ng_cpu_model that borrows the speedrun model's
+ * parameters and gradients and owns the moments, so both families share one update, one
+ * state format and one resume.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -10,10 +18,15 @@
 #include "graph/cpu_muon.h"
 #include "graph/cpu_ops.h"
 #include "graph/cpu_ref.h"
+#include "graph/cpu_spr.h"
+#include "graph/step_spr.h"
 #include "src/train.h"
 
 struct cpu_ctx {
-	struct ng_cpu_model m;
+	struct ng_cpu_model m;      /* GPT-2: the model. Speedrun: the optimizer's view, cfg, lay,
+	                             * params and grads borrowed from spr, m and v its own */
+	struct ng_cpu_spr_model spr; /* the speedrun model (arch NG_ARCH_SPEEDRUN), else unused */
+	bool is_spr;                /* the run's model is the speedrun's */
 	const struct ng_train_opts *o;
 	uint16_t *buf;              /* K * B * (T+1) tokens of the next step */
 	int32_t *inputs, *targets;  /* (B, T) */
@@ -38,21 +51,36 @@ static void split(struct cpu_ctx *c, const uint16_t *w)
 		}
 }
 
+/* The forward of the micro-batch in inputs/targets: its mean loss over the B*T tokens. The
+ * speedrun model attends within `window` blocks. */
+static enum ng_status forward(struct cpu_ctx *c, int window, double *loss)
+{
+	if (!c->is_spr)
+		return ng_cpu_forward(&c->m, c->inputs, c->targets, loss);
+	double sum = 0;
+	enum ng_status st = ng_cpu_spr_forward(&c->spr, c->inputs, c->targets, window, &sum);
+	*loss = sum / ((double)c->o->shape.B * c->o->shape.T);
+	return st;
+}
+
 static enum ng_status cpu_submit(void *ctx)
 {
 	struct cpu_ctx *c = ctx;
 	const struct ng_train_opts *o = c->o;
 	const struct ng_shape *s = &o->shape;
 	size_t window = (size_t)s->B * (s->T + 1);
+	int W = ng_spr_window_blocks((int)c->step, (int)o->steps); /* the GPU's: exec_replay.c */
 	double loss = 0;
 	enum ng_status st;
-	ng_cpu_zero_grad(&c->m);
+	ng_cpu_zero_grad(&c->m); /* the speedrun model's gradients too: m borrows them */
 	for (int k = 0; k < s->K; k++) {
 		double l;
 		split(c, c->buf + k * window);
-		st = ng_cpu_forward(&c->m, c->inputs, c->targets, &l);
+		st = forward(c, W, &l);
+		/* GPT-2: the gradient of the step's mean loss; speedrun: of its sum */
 		if (!st)
-			st = ng_cpu_backward(&c->m, 1.0 / s->K);
+			st = c->is_spr ? ng_cpu_spr_backward(&c->spr, 1.0)
+				       : ng_cpu_backward(&c->m, 1.0 / s->K);
 		if (st)
 			return st;
 		loss += l / s->K;
@@ -95,7 +123,8 @@ static enum ng_status cpu_evaluate(void *ctx, const uint16_t *tokens, int n, dou
 	for (int i = 0; i < n; i++) {
 		double l;
 		split(c, tokens + i * window);
-		enum ng_status st = ng_cpu_forward(&c->m, c->inputs, c->targets, &l);
+		/* the widest window, as the GPU's eval graph (its widest bands) at any step */
+		enum ng_status st = forward(c, ng_spr_window_blocks(1, 1), &l);
 		if (st)
 			return st;
 		sum += l;
@@ -155,27 +184,57 @@ static enum ng_status cpu_load_state(void *ctx, const struct ng_train_state *s)
 static void cpu_free(void *ctx)
 {
 	struct cpu_ctx *c = ctx;
-	ng_cpu_model_free(&c->m);
+	if (c->is_spr) {
+		free(c->m.m);
+		free(c->m.v);
+		ng_cpu_spr_free(&c->spr);
+	} else {
+		ng_cpu_model_free(&c->m);
+	}
 	free(c->buf);
 	free(c->inputs);
 	free(c->targets);
 	free(c);
 }
 
+/* The speedrun model for B x T tokens and the optimizer's view of it (see the top). On failure
+ * nothing is left to free. */
+static enum ng_status speedrun_init(struct cpu_ctx *c, const struct ng_shape *s, uint64_t seed)
+{
+	enum ng_status st = ng_cpu_spr_init(&c->spr, &s->model, s->B, s->T, seed);
+	if (st)
+		return st;
+	struct ng_cpu_model *m = &c->m;
+	memset(m, 0, sizeof(*m));
+	m->cfg = c->spr.cfg;
+	m->lay = c->spr.lay;
+	m->B = s->B;
+	m->T = s->T;
+	m->params = c->spr.params;
+	m->grads = c->spr.grads;
+	m->m = calloc(m->lay.total, sizeof(double));
+	m->v = calloc(m->lay.total, sizeof(double));
+	if (!m->m || !m->v) {
+		free(m->m);
+		free(m->v);
+		ng_cpu_spr_free(&c->spr);
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory for the optimizer's moments "
+			       "(%zu parameters)", m->lay.total);
+	}
+	return NG_OK;
+}
+
 enum ng_status ng_backend_cpu_init(struct ng_backend *be, const struct ng_train_opts *o)
 {
 	const struct ng_shape *s = &o->shape;
-	if (s->model.arch == NG_ARCH_SPEEDRUN) {
-		ng_fail(NG_ERR_INPUT, "train --device cpu: the CPU backend trains the GPT-2 family; "
-			"the speedrun model's double-precision reference is the oracle of its tests");
-		ng_hint("train the speedrun model on a GPU (--device cuda), or a GPT-2 preset here");
-		return NG_ERR_INPUT;
-	}
 	struct cpu_ctx *c = calloc(1, sizeof(*c));
 	if (!c)
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
 	c->o = o;
-	enum ng_status st = ng_cpu_model_init(&c->m, &s->model, s->B, s->T, (uint64_t)o->seed);
+	c->is_spr = s->model.arch == NG_ARCH_SPEEDRUN;
+	enum ng_status st = c->is_spr ? speedrun_init(c, s, (uint64_t)o->seed)
+				      : ng_cpu_model_init(&c->m, &s->model, s->B, s->T,
+							  (uint64_t)o->seed);
 	if (st) {
 		free(c);
 		return st;

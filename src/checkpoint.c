@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,26 +238,34 @@ static void model_meta(json_t *meta, const struct ng_gpt_config *cfg)
 	meta_set(meta, "vocab_size", (unsigned long long)cfg->V);
 }
 
-/* The speedrun model's tensors, named for what they are: "wte", "ve.<t>" (the real V rows of
- * each table), "blocks.<l>.<name>" for each block's slice of a per-layer tensor ("qkvw" (3C, C),
- * "attprojw", "fcw", "fcprojw", "xlambda" (2), "vlambda" (2); the block without attention has no
- * attention tensors), "headw" (Vp, C: every padded column is a trained output), "skipw" (L/2). */
-static enum ng_status write_model_speedrun(const char *path, const struct ng_gpt_config *cfg,
-					   const struct ng_gpt_layout *lay, const float *params)
+/* Entry *n of t (when t is not NULL) with a printf-formatted name; *n += 1. */
+__attribute__((format(printf, 7, 8)))
+static void spr_put(struct ng_ckpt_spr_tensor_ *t, int *n, size_t off, int ndim, size_t s0,
+		    size_t s1, const char *fmt, ...)
 {
-	int n = 0, cap = 8 + 6 * cfg->L;
-	struct out_tensor *t = calloc((size_t)cap, sizeof(*t));
-	if (!t)
-		return ng_fail(NG_ERR_RUNTIME, "out of host memory writing %s", path);
-	size_t VC = (size_t)cfg->V * cfg->C, VpC = (size_t)cfg->Vp * cfg->C;
-	const struct ng_param_spec *p = lay->p;
-	t[n++] = (struct out_tensor){ "wte", "F32", 2, { (size_t)cfg->V, (size_t)cfg->C },
-				      params + p[NG_P_WTE].offset, VC * sizeof(float) };
-	for (int k = 0; k < NG_SPR_VE; k++) {
-		t[n] = (struct out_tensor){ "", "F32", 2, { (size_t)cfg->V, (size_t)cfg->C },
-					    params + p[NG_P_VE].offset + k * VpC, VC * sizeof(float) };
-		snprintf(t[n++].name, sizeof(t[0].name), "ve.%d", k);
+	if (t) {
+		t[*n] = (struct ng_ckpt_spr_tensor_){ "", off, ndim, { s0, s1 } };
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(t[*n].name, sizeof(t[*n].name), fmt, ap);
+		va_end(ap);
 	}
+	(*n)++;
+}
+
+/* The speedrun model's tensors (checkpoint.h), named for what they are: "wte", "ve.<t>" (the
+ * real V rows of each table), "blocks.<l>.<name>" for each block's slice of a per-layer tensor
+ * (the block without attention has no attention tensors), "headw" (Vp, C: every padded column
+ * is a trained output), "skipw" (L/2). */
+int ng_ckpt_spr_tensors_(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *lay,
+			 struct ng_ckpt_spr_tensor_ *t)
+{
+	const struct ng_param_spec *p = lay->p;
+	size_t V = (size_t)cfg->V, C = (size_t)cfg->C, VpC = (size_t)cfg->Vp * cfg->C;
+	int n = 0;
+	spr_put(t, &n, p[NG_P_WTE].offset, 2, V, C, "wte");
+	for (int k = 0; k < NG_SPR_VE; k++)
+		spr_put(t, &n, p[NG_P_VE].offset + k * VpC, 2, V, C, "ve.%d", k);
 	static const int per_block[] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW,
 					 NG_P_XLAMBDA, NG_P_VLAMBDA };
 	for (int l = 0; l < cfg->L; l++) {
@@ -268,22 +277,38 @@ static enum ng_status write_model_speedrun(const char *path, const struct ng_gpt
 			if (slot < 0)
 				continue;
 			size_t per = s->numel / s->shape[0];
-			t[n] = (struct out_tensor){ "", "F32", s->ndim - 1,
-						    { s->shape[1], s->ndim > 2 ? s->shape[2] : 1 },
-						    params + s->offset + (size_t)slot * per,
-						    per * sizeof(float) };
-			snprintf(t[n++].name, sizeof(t[0].name), "blocks.%d.%s", l, s->name);
+			spr_put(t, &n, s->offset + (size_t)slot * per, s->ndim - 1, s->shape[1],
+				s->ndim > 2 ? s->shape[2] : 1, "blocks.%d.%s", l, s->name);
 		}
 	}
-	t[n++] = (struct out_tensor){ "headw", "F32", 2, { (size_t)cfg->Vp, (size_t)cfg->C },
-				      params + p[NG_P_HEADW].offset, VpC * sizeof(float) };
-	t[n++] = (struct out_tensor){ "skipw", "F32", 1, { p[NG_P_SKIPW].numel, 1 },
-				      params + p[NG_P_SKIPW].offset,
-				      p[NG_P_SKIPW].numel * sizeof(float) };
+	spr_put(t, &n, p[NG_P_HEADW].offset, 2, (size_t)cfg->Vp, C, "headw");
+	spr_put(t, &n, p[NG_P_SKIPW].offset, 1, p[NG_P_SKIPW].numel, 1, "skipw");
+	return n;
+}
+
+static enum ng_status write_model_speedrun(const char *path, const struct ng_gpt_config *cfg,
+					   const struct ng_gpt_layout *lay, const float *params)
+{
+	int n = ng_ckpt_spr_tensors_(cfg, lay, NULL);
+	struct ng_ckpt_spr_tensor_ *d = calloc((size_t)n, sizeof(*d));
+	struct out_tensor *t = calloc((size_t)n, sizeof(*t));
+	if (!d || !t) {
+		free(d);
+		free(t);
+		return ng_fail(NG_ERR_RUNTIME, "out of host memory writing %s", path);
+	}
+	ng_ckpt_spr_tensors_(cfg, lay, d);
+	for (int k = 0; k < n; k++) {
+		size_t numel = d[k].shape[0] * d[k].shape[1];
+		t[k] = (struct out_tensor){ "", "F32", d[k].ndim, { d[k].shape[0], d[k].shape[1] },
+					    params + d[k].off, numel * sizeof(float) };
+		snprintf(t[k].name, sizeof(t[k].name), "%s", d[k].name);
+	}
 	json_t *meta = json_object();
 	json_object_set_new(meta, "format", json_string("nanograph-speedrun"));
 	model_meta(meta, cfg);
 	enum ng_status st = write_safetensors(path, t, n, meta);
+	free(d);
 	free(t);
 	return st;
 }

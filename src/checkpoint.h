@@ -17,6 +17,13 @@
  * lm_head.weight is not written: GPT-2 ties it to wte (transformers re-ties it on load).
  * Metadata: format=pt, n_layer, n_head, n_embd, n_positions, vocab_size, checksum.
  *
+ * The speedrun model's file (format=nanograph-speedrun, the same shape metadata) names its
+ * tensors for what they are, in our (out, in) layout: wte (V, C), ve.<t> (V, C) for t < 3,
+ * blocks.<l>.qkvw (3C, C), .attprojw (C, C), .vlambda (2) for the blocks with attention,
+ * blocks.<l>.fcw (4C, C), .fcprojw (C, 4C), .xlambda (2) for every block, headw (Vp, C: the
+ * untied head trains every padded column), skipw (L/2). Reading it takes V and C from wte and
+ * L, H, T from the metadata (no tensor gives H or T), and asks for exactly these tensors.
+ *
  * Checksum: the last metadata entry, "checksum": "header+data:<16 hex digits>", the FNV-1a 64 of
  * the whole file (length, header JSON, data) with those 16 digits read as '0'. So the header
  * (shapes, data_offsets, every metadata value) is covered as well as the data, the entry is an
@@ -121,5 +128,18 @@ void ng_ckpt_model_tensor_(const struct ng_gpt_config *cfg, const struct ng_gpt_
 			   int *transpose);
 /* dst (cols, rows) = src (rows, cols)^T */
 void ng_ckpt_transpose_(float *dst, const float *src, size_t rows, size_t cols);
+
+/* Internal (checkpoint.c and checkpoint_read.c). One tensor of a speedrun model file, as
+ * write_model_speedrun writes it and ng_ckpt_read_model expects it. */
+struct ng_ckpt_spr_tensor_ {
+	char name[32];   /* "wte", "ve.<t>", "blocks.<l>.<name>", "headw", "skipw" */
+	size_t off;      /* of its data in the flat layout, in elements */
+	int ndim;        /* 1 or 2 */
+	size_t shape[2]; /* as stored; shape[1] = 1 when 1-D */
+};
+/* The speedrun model file's tensors in file order into t (NULL: only count them); returns the
+ * count, 6 L + 3. */
+int ng_ckpt_spr_tensors_(const struct ng_gpt_config *cfg, const struct ng_gpt_layout *lay,
+			 struct ng_ckpt_spr_tensor_ *t);
 
 #endif

@@ -8,7 +8,9 @@
  * writers (Hugging Face's GPT-2) carry none and are checked for consistency only: metadata
  * that is present must be a well-formed integer in range and agree with the tensors.
  * Model tensors are found by their HF GPT-2 names (with or without "transformer."),
- * F32/F64/BF16/F16 converted to float, Conv1D weights transposed back to our (out, in). A state
+ * F32/F64/BF16/F16 converted to float, Conv1D weights transposed back to our (out, in); a
+ * speedrun model's file (format nanograph-speedrun) by its own names, exactly the tensors its
+ * configuration has, already in our layout. A state
  * file's invariants (0 <= n_skipped <= step, the loader position that step implies) are checked
  * too: a file that passes loads a run that can continue.
  */
@@ -486,6 +488,98 @@ static enum ng_status model_config(const struct in_file *f, struct ng_gpt_config
 	return st;
 }
 
+/* A speedrun model file (format nanograph-speedrun, checkpoint.h): V and C from wte, L, H and
+ * T from the metadata (required: no tensor gives H or T; n_embd and vocab_size, where present,
+ * must agree), then exactly the tensors write_model_speedrun writes, each with its shape and a
+ * dtype we read, checked before the model is allocated (so the file holds at least 2 bytes a
+ * parameter, which bounds what the header can ask for). */
+static enum ng_status read_model_speedrun(const struct in_file *f, struct ng_gpt_config *cfg,
+					  float **params)
+{
+	char m[320];
+	const struct in_tensor *wte = in_find(f, "wte");
+	if (!wte || wte->ndim != 2)
+		return bad(f->path, "a speedrun model file without a 2-D tensor wte");
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->arch = NG_ARCH_SPEEDRUN;
+	uint64_t L, H, T;
+	enum ng_status st = dim_int(f, "vocabulary (wte rows)", wte->shape[0], 65536, &cfg->V);
+	if (!st)
+		st = dim_int(f, "channels (wte columns)", wte->shape[1], 65536, &cfg->C);
+	if (!st)
+		st = meta_uint(f, "n_layer", 1, 1024, true, &L, NULL);
+	if (!st)
+		st = meta_uint(f, "n_head", 1, 1024, true, &H, NULL);
+	if (!st)
+		st = meta_uint(f, "n_positions", 1, 131072, true, &T, NULL);
+	if (!st)
+		st = meta_agrees(f, "n_embd", cfg->C);
+	if (!st)
+		st = meta_agrees(f, "vocab_size", cfg->V);
+	if (st)
+		return st;
+	cfg->L = (int)L;
+	cfg->H = (int)H;
+	cfg->T = (int)T;
+	st = ng_gpt_check(cfg);
+	if (st) {
+		ng_hint("checkpoint %s: its tensors and metadata give a speedrun model of L=%d H=%d "
+			"C=%d T=%d V=%d", f->path, cfg->L, cfg->H, cfg->C, cfg->T, cfg->V);
+		return st;
+	}
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(cfg, &lay);
+	int n = ng_ckpt_spr_tensors_(cfg, &lay, NULL);
+	struct ng_ckpt_spr_tensor_ *d = calloc((size_t)n, sizeof(*d));
+	const struct in_tensor **found = calloc((size_t)n, sizeof(*found));
+	if (!d || !found) {
+		st = ng_fail(NG_ERR_RUNTIME, "out of host memory reading %s", f->path);
+		goto out;
+	}
+	ng_ckpt_spr_tensors_(cfg, &lay, d);
+	for (int k = 0; k < n && !st; k++) {
+		const struct in_tensor *t = in_find(f, d[k].name);
+		if (!t) {
+			snprintf(m, sizeof(m), "tensor %s of the speedrun model L=%d is missing",
+				 d[k].name, cfg->L);
+			st = bad(f->path, m);
+		} else if (t->ndim != d[k].ndim || t->shape[0] != d[k].shape[0] ||
+			   (t->ndim > 1 && t->shape[1] != d[k].shape[1]) || !t->elem) {
+			snprintf(m, sizeof(m), "tensor %s has shape [%zu%s%zu] dtype %s, expected "
+				 "[%zu%s%zu] F32/F64/BF16/F16", d[k].name,
+				 t->ndim ? t->shape[0] : 0, t->ndim > 1 ? ", " : "",
+				 t->ndim > 1 ? t->shape[1] : 0, t->dtype, d[k].shape[0],
+				 d[k].ndim > 1 ? ", " : "", d[k].ndim > 1 ? d[k].shape[1] : 0);
+			st = bad(f->path, m);
+		}
+		found[k] = t;
+	}
+	/* every tensor found, so any further one is not the model's */
+	for (int i = 0; i < f->n && !st && f->n != n; i++) {
+		int k = 0;
+		while (k < n && strcmp(f->t[i].name, d[k].name) != 0)
+			k++;
+		if (k == n) {
+			snprintf(m, sizeof(m), "tensor %.64s is not part of a speedrun model of L=%d",
+				 f->t[i].name, cfg->L);
+			st = bad(f->path, m);
+		}
+	}
+	if (st)
+		goto out;
+	*params = calloc(lay.total, sizeof(float));
+	if (!*params) {
+		st = ng_fail(NG_ERR_RUNTIME, "out of host memory reading %s", f->path);
+		goto out;
+	}
+	for (int k = 0; k < n; k++)
+		in_floats(f, found[k], *params + d[k].off, d[k].shape[0] * d[k].shape[1]);
+out:
+	free(d);
+	free(found);
+	return st;
+}
+
 enum ng_status ng_ckpt_read_model(const char *path, struct ng_gpt_config *cfg, float **params)
 {
 	struct in_file f;
@@ -495,9 +589,7 @@ enum ng_status ng_ckpt_read_model(const char *path, struct ng_gpt_config *cfg, f
 	enum ng_status st = in_open(&f, path);
 	json_t *fmt = !st && f.meta ? json_object_get(f.meta, "format") : NULL;
 	if (fmt && json_is_string(fmt) && strcmp(json_string_value(fmt), "nanograph-speedrun") == 0) {
-		st = ng_fail(NG_ERR_INPUT, "%s: a speedrun model's weights; eval, sample and --init "
-			     "read the GPT-2 family's", path);
-		ng_hint("continue the run with train --resume (its state file holds the model)");
+		st = read_model_speedrun(&f, cfg, params);
 		goto out;
 	}
 	if (!st)

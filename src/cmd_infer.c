@@ -3,9 +3,9 @@
  * both model families: GPT-2 and the speedrun model; the prompt encoded and the output decoded
  * with the GPT-2 tokenizer, which both use) and `nanograph eval`
  * (validation loss and perplexity of a checkpoint through the training backends' evaluation
- * step: the GPU's captured eval graph, or the CPU reference with --device cpu).
- * --ckpt takes a model file (model_*.safetensors, or any HF GPT-2 safetensors) or a checkpoint
- * directory (its latest model).
+ * step: the GPU's captured eval graph, or the CPU reference with --device cpu; either family,
+ * the speedrun model at its widest window). --ckpt takes a model file (model_*.safetensors, or
+ * any HF GPT-2 safetensors) or a checkpoint directory (its latest model).
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,8 +42,8 @@ static enum ng_status load_ckpt(const char *ckpt, struct ng_gpt_config *cfg, flo
 	enum ng_status st = ng_ckpt_read_model(path, cfg, params);
 	if (!st)
 		fprintf(stderr, "model: %s | %s L=%d H=%d C=%d T=%d V=%d\n", path,
-			cfg->arch == NG_ARCH_SPEEDRUN ? "speedrun" : "gpt2", cfg->L, cfg->H, cfg->C,
-			cfg->T, cfg->V);
+			cfg->arch == NG_ARCH_SPEEDRUN ? "speedrun" : "GPT-2", cfg->L, cfg->H,
+			cfg->C, cfg->T, cfg->V);
 	return st;
 }
 
@@ -108,7 +108,7 @@ enum ng_status ng_cmd_sample(int argc, char **argv)
 	struct ng_command_spec spec = {
 		.name = "sample",
 		.summary = "Generate text on the GPU with a KV cache; each token is one replay of a "
-			   "captured decode graph.",
+			   "captured decode graph (GPT-2 models).",
 		.usage = "--ckpt PATH [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] "
 			 "[--seed N]",
 		.flags = flags,
@@ -241,7 +241,8 @@ enum ng_status ng_cmd_eval(int argc, char **argv)
 		{ "--ckpt", NG_FLAG_STRING, &ckpt, 0, 0, "PATH",
 		  "model_*.safetensors (or HF GPT-2 safetensors), or a checkpoint directory", false },
 		{ "--val", NG_FLAG_STRING, &val, 0, 0, "GLOB", "validation shards", false },
-		{ "--batch", NG_FLAG_INT, &batch, 1, 1e6, "B", "sequences per batch (8)", false },
+		{ "--batch", NG_FLAG_INT, &batch, 1, 1e6, "B",
+		  "sequences per batch (8; the speedrun model's: 1)", false },
 		{ "--batches", NG_FLAG_INT, &batches, 0, 1e9, "N",
 		  "batches to evaluate, 0 = one pass over the shards, at most 100 (0)", false },
 		{ "--device", NG_FLAG_STRING, &device, 0, 0, "cuda|cpu",
@@ -274,6 +275,8 @@ enum ng_status ng_cmd_eval(int argc, char **argv)
 	st = load_ckpt(ckpt, &cfg, &params);
 	if (st)
 		return st;
+	if (cfg.arch == NG_ARCH_SPEEDRUN && !ng_cli_seen(&spec, "--batch"))
+		batch = 1; /* its sequences are long (49152 tokens): one a batch, as train takes */
 	struct ng_loader ld;
 	struct ng_loader_config lc = { .pattern = val, .B = (int)batch, .T = cfg.T,
 				       .vocab = cfg.V, .rank = 0, .world = 1, .seed = 0,

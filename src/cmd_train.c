@@ -61,8 +61,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--stop-after", NG_FLAG_INT, &o.stop_after, 0, 1e12, "N",
 		  "checkpoint and stop after step N, as SIGINT/SIGTERM do (0 = never)", false },
 		{ "--init", NG_FLAG_STRING, &o.init_path, 0, 0, "FILE",
-		  "start from a model safetensors file (ours or HF GPT-2) instead of the seeded "
-		  "init", false },
+		  "start from a model safetensors file (ours of either family, or HF GPT-2) "
+		  "instead of the seeded init", false },
 		{ "--seed", NG_FLAG_INT, &o.seed, 0, 9e18, "N", "init and data order (1337)",
 		  false },
 		{ "--deterministic", NG_FLAG_BOOL, &o.deterministic, 0, 0, NULL,

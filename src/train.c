@@ -339,6 +339,12 @@ static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backen
 	return st;
 }
 
+/* The name of a model family (enum ng_arch) in messages. */
+static const char *family(int arch)
+{
+	return arch == NG_ARCH_SPEEDRUN ? "speedrun" : "GPT-2";
+}
+
 /* --resume: the latest checkpoint of out_dir into the backend and the loader; *start = its step. */
 static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *be, struct feed *f,
 			     struct logger *lg, long long *start)
@@ -354,6 +360,13 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 	if (st)
 		return st;
 	const struct ng_gpt_config *m = &o->shape.model;
+	if (s.cfg.arch != m->arch) {
+		ng_fail(NG_ERR_INPUT, "--resume: %s holds a %s model, this run trains a %s model",
+			path, family(s.cfg.arch), family(m->arch));
+		ng_hint("resume with the --model of that run");
+		ng_ckpt_state_free(&s);
+		return NG_ERR_INPUT;
+	}
 	if (s.cfg.L != m->L || s.cfg.H != m->H || s.cfg.C != m->C || s.cfg.T != m->T ||
 	    s.cfg.V != m->V || s.B != o->shape.B || s.T != o->shape.T || s.K != o->shape.K ||
 	    s.seed != (uint64_t)o->seed || s.has_pos == f->synthetic) {
@@ -404,8 +417,8 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 	return st;
 }
 
-/* --init FILE: start from a model file's weights (ours or Hugging Face GPT-2's), fresh AdamW
- * moments, step 0. The file's shape must be the run's. */
+/* --init FILE: start from a model file's weights (ours of either family, or Hugging Face
+ * GPT-2's), fresh optimizer moments, step 0. The file's family and shape must be the run's. */
 static enum ng_status init_from(const struct ng_train_opts *o, struct ng_backend *be,
 				struct logger *lg)
 {
@@ -415,12 +428,15 @@ static enum ng_status init_from(const struct ng_train_opts *o, struct ng_backend
 	if (st)
 		return st;
 	const struct ng_gpt_config *m = &o->shape.model;
-	if (c.L != m->L || c.H != m->H || c.C != m->C || c.T != m->T || c.V != m->V) {
+	if (c.arch != m->arch || c.L != m->L || c.H != m->H || c.C != m->C || c.T != m->T ||
+	    c.V != m->V) {
 		free(p);
-		ng_fail(NG_ERR_INPUT, "--init %s is L=%d H=%d C=%d T=%d V=%d, the run L=%d H=%d C=%d "
-			"T=%d V=%d", o->init_path, c.L, c.H, c.C, c.T, c.V, m->L, m->H, m->C, m->T,
-			m->V);
-		ng_hint("give the model flags of the file (GPT-2 124M: --model d12)");
+		ng_fail(NG_ERR_INPUT, "--init %s is a %s model L=%d H=%d C=%d T=%d V=%d, the run a "
+			"%s model L=%d H=%d C=%d T=%d V=%d", o->init_path, family(c.arch), c.L, c.H,
+			c.C, c.T, c.V, family(m->arch), m->L, m->H, m->C, m->T, m->V);
+		ng_hint("give the model flags of the file (GPT-2 124M: --model d12; a speedrun "
+			"model: --model speedrun or speedrun-tiny, with --layers ... where its sizes "
+			"differ)");
 		return NG_ERR_INPUT;
 	}
 	struct ng_gpt_layout lay;
