@@ -92,16 +92,8 @@ enum ng_status ng_optim_muon_plan_(struct ng_exec *e, const struct ng_graph *g)
 	if (!p)
 		return ng_fail(NG_ERR_RUNTIME, "out of host memory");
 	e->muon = p;
-	/* the groups' GEMMs first: Adam's short blocks, at the lowest priority, fill what they
-	 * leave idle (the block scheduler prefers the higher priority; a captured kernel keeps
-	 * its stream's priority) */
-	int lowest = 0, highest = 0;
-	if (NG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest)))
-		return NG_ERR_RUNTIME;
 	for (int k = 0; k <= NG_MUON_GROUPS; k++)
-		if (NG_CUDA_CHECK(cudaStreamCreateWithPriority(&p->stream[k], cudaStreamNonBlocking,
-							       k < NG_MUON_GROUPS ? highest
-										  : lowest)) ||
+		if (NG_CUDA_CHECK(cudaStreamCreateWithFlags(&p->stream[k], cudaStreamNonBlocking)) ||
 		    NG_CUDA_CHECK(cudaEventCreateWithFlags(&p->join[k], cudaEventDisableTiming)))
 			return NG_ERR_RUNTIME;
 	if (NG_CUDA_CHECK(cudaEventCreateWithFlags(&p->fork, cudaEventDisableTiming)))

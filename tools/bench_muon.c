@@ -6,7 +6,6 @@
  *   serial    the op as it runs today: Adam, then each group in turn, one stream
  *   adam||    Adam on a second stream beside the groups
  *   streams   Adam and each group on a stream of its own, each group with its own scratch
- *   priority  the same, the groups' streams at the highest priority and Adam's at the lowest
  * Method: CUDA events around 10 launches after 2 warm-ups (kernels); graph replays, the median
  * of 9 (whole op). Buffers hold small random values; the step state says "not skipped".
  * Usage: bench_muon [PRESET]
@@ -244,19 +243,8 @@ int main(int argc, char **argv)
 	CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
 	for (int i = 0; i <= NG_MUON_GROUPS; i++)
 		CK(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
-	const char *names[4] = { "serial", "adam||", "streams", "priority" };
-	int lowest = 0, highest = 0;
-	CK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-	for (int way = 0; way < 4; way++) {
-		if (way == 3) { /* the groups at the highest priority, Adam at the lowest */
-			for (int k = 0; k < NG_MUON_GROUPS; k++) {
-				CK(cudaStreamDestroy(q[k].s));
-				CK(cudaStreamCreateWithPriority(&q[k].s, cudaStreamNonBlocking,
-								highest));
-			}
-			CK(cudaStreamDestroy(sa));
-			CK(cudaStreamCreateWithPriority(&sa, cudaStreamNonBlocking, lowest));
-		}
+	const char *names[3] = { "serial", "adam||", "streams" };
+	for (int way = 0; way < 3; way++) {
 		cudaGraph_t gr;
 		cudaGraphExec_t ge;
 		CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
