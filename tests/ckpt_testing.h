@@ -1,8 +1,8 @@
 /*
  * tests/ckpt_testing.h — helpers of the checkpoint tests (test_checkpoint.c, test_spr_cpu.c):
  * whole files in and out, the safetensors header length, a file re-serialised with its header
- * edited (and its checksum kept, re-stamped or dropped), the losses of a metrics file, and the
- * loss `eval --device cpu` prints.
+ * edited (and its checksum kept, re-stamped or dropped), the losses of a metrics file, a
+ * `train` with optional extra flags, and the loss `eval --device cpu` prints.
  * Include once per test program, after Criterion.
  */
 #ifndef NG_TESTS_CKPT_TESTING_H
@@ -109,6 +109,20 @@ static inline int losses(const char *path, char out[][32], int max)
 	}
 	fclose(f);
 	return n;
+}
+
+/* `nanograph` ARGV[0..argc) (at most 30) then extra1 and extra2 where not NULL, in-process. */
+static inline enum ng_status train_with(char **argv, int argc, const char *extra1,
+					const char *extra2)
+{
+	char *all[32];
+	cr_assert(argc <= 30, "%d arguments", argc);
+	memcpy(all, argv, sizeof(char *) * (size_t)argc);
+	if (extra1)
+		all[argc++] = (char *)extra1;
+	if (extra2)
+		all[argc++] = (char *)extra2;
+	return ng_cmd_train(argc, all);
 }
 
 /* `nanograph eval --ckpt model --val shard --batch 2 --device cpu`, its stdout captured in

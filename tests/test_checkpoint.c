@@ -481,16 +481,11 @@ static enum ng_status train(const char *out, const char *extra1, const char *ext
 {
 	char sd[32];
 	snprintf(sd, sizeof(sd), "%lld", seed);
-	char *argv[32] = { "train", "--device", "cpu", "--model", "tiny", "--batch", "2",
+	char *argv[] = { "train", "--device", "cpu", "--model", "tiny", "--batch", "2",
 			   "--seq-len", "32", "--steps", "6", "--deterministic", "--seed", sd,
 			   "--val-batches", "1", "--ckpt-every", "3", "--out", (char *)out,
 			   "--metrics", (char *)metrics };
-	int argc = 22;
-	if (extra1)
-		argv[argc++] = (char *)extra1;
-	if (extra2)
-		argv[argc++] = (char *)extra2;
-	return ng_cmd_train(argc, argv);
+	return train_with(argv, (int)(sizeof(argv) / sizeof(argv[0])), extra1, extra2);
 }
 
 Test(checkpoint, cpu_resume_is_bit_identical)
