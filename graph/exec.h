@@ -126,13 +126,15 @@ struct ng_exec {
 	struct ng_metrics_record *d_ring; /* its device address */
 	cudaEvent_t h2d_done;          /* recorded inside the step right after the token copy */
 	cudaEvent_t done[NG_EXEC_RING];/* recorded after each submitted step (timing events) */
-	cudaEvent_t start;             /* recorded before the first submitted step */
+	cudaEvent_t start;             /* recorded before step start_at (the first submitted step,
+	                                * or the first after an evaluation) */
 	cudaGraph_t train_graph;       /* the captured step (kept for the DOT dump) */
 	cudaGraphExec_t train_exec;
 	cudaGraph_t eval_graph;
 	cudaGraphExec_t eval_exec;
 	long long submitted;           /* steps launched */
 	long long collected;           /* steps whose metrics were read */
+	long long start_at;            /* the step whose time counts from `start` */
 	long long step_base;           /* optimizer steps restored from a checkpoint (ring slots) */
 	float *op_ms;                  /* profile: device ms of each train op (n_ops), or NULL */
 	bool profile_replayed;         /* op_ms from graph replays (else eager launches) */

@@ -67,8 +67,8 @@ enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out,
 		if (NG_CUDA_CHECK(q))
 			return NG_ERR_RUNTIME;
 		if (ms) {
-			cudaEvent_t prev = e->collected ? e->done[(e->collected - 1) % NG_EXEC_RING]
-							: e->start;
+			cudaEvent_t prev = e->collected == e->start_at
+						   ? e->start : e->done[(e->collected - 1) % NG_EXEC_RING];
 			float t = 0;
 			if (NG_CUDA_CHECK(cudaEventElapsedTime(&t, prev, ev)))
 				return NG_ERR_RUNTIME;
@@ -97,6 +97,12 @@ enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, doubl
 						   cudaMemcpyDeviceToHost, e->stream));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	/* every step is collected (the loop drains before it validates): the next step's time
+	 * counts from here, so that it leaves the evaluation out */
+	if (!st && e->submitted > 0 && e->collected == e->submitted) {
+		st = NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream));
+		e->start_at = e->submitted;
+	}
 	*loss = l;
 	return st;
 }

@@ -663,7 +663,9 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 			double t0 = now_s(), vl = NAN;
 			if (!st)
 				st = validate(be, &f, &lg, step + 1, &vl);
-			lg.t_val += now_s() - t0;
+			double dt = now_s() - t0;
+			lg.t_val += dt;
+			lg.t_last += dt; /* the next step's time leaves the validation out */
 			if (st)
 				goto out;
 			if (o->target_val_loss > 0 && vl <= o->target_val_loss) {

@@ -145,6 +145,41 @@ Test(cli, cpu_tiny_cuts_the_loss_by_30_percent, .timeout = 600)
 		  100 * (1 - last / first));
 }
 
+/* A step's time in the metrics leaves out the validation before it: with validations far
+ * longer than a step (40 batches against one forward and backward), the step after one is no
+ * slower than the others by more than timing noise. */
+Test(cli, step_times_leave_validation_out, .timeout = 300)
+{
+	char path[] = "/tmp/ng_cli_valmsXXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	close(fd);
+	enum ng_status st = ng_test_cli_run("train", "--device", "cpu", "--model", "tiny", "--steps",
+					    "6", "--val-every", "3", "--val-batches", "40",
+					    "--metrics", path, NULL);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	FILE *f = fopen(path, "r");
+	cr_assert(f);
+	char line[512];
+	double ms[7] = { 0 };
+	int step;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "\"ms\":");
+		if (p && sscanf(line, "{\"step\":%d", &step) == 1 && step >= 1 && step <= 6)
+			ms[step] = strtod(p + 5, NULL);
+	}
+	fclose(f);
+	unlink(path);
+	double others = 0;
+	for (int i = 2; i <= 6; i++) {
+		cr_assert(ms[i] > 0, "no time for step %d", i);
+		if (i != 4 && ms[i] > others)
+			others = ms[i];
+	}
+	cr_expect(ms[4] < 4 * others, "step 4 (after the validation) took %.1f ms, the others at "
+		  "most %.1f ms", ms[4], others);
+}
+
 /* --target-val-loss stops after the first validation at or below it (steps, not time, are
  * checked here), and needs a validation to compare with. */
 Test(cli, target_val_loss_stops_the_run, .timeout = 300)
