@@ -154,14 +154,21 @@ enum ng_status ng_muon_ns_plan(struct ng_muon_ns *p, cublasLtHandle_t lt, int ba
 	return NG_OK;
 }
 
-/* D = alpha op(P) op(Q) + beta C of GEMM k. */
+/* D = alpha op(P) op(Q) + beta C of GEMM k with its algorithm: cuBLASLt's status, unchecked
+ * (the tuner skips an offered algorithm that does not run here without recording an error). */
+static cublasStatus_t gemm_status(const struct ng_muon_ns *p, int k, const void *P, const void *Q,
+				  const void *C, void *D, void *ws, cudaStream_t s)
+{
+	return cublasLtMatmul(p->lt, p->desc[k], &p->alpha[k], Q, p->lay[k][0], P, p->lay[k][1],
+			      &p->beta[k], C, p->lay[k][2], D, p->lay[k][2], &p->algo[k], ws,
+			      p->ws_bytes, s);
+}
+
+/* The same, checked. */
 static enum ng_status run_gemm(const struct ng_muon_ns *p, int k, const void *P, const void *Q,
 			       const void *C, void *D, void *ws, cudaStream_t s)
 {
-	return NG_CUBLAS_CHECK(cublasLtMatmul(p->lt, p->desc[k], &p->alpha[k], Q, p->lay[k][0], P,
-					      p->lay[k][1], &p->beta[k], C, p->lay[k][2], D,
-					      p->lay[k][2], &p->algo[k], ws, p->ws_bytes, s))
-		       ? NG_ERR_RUNTIME : NG_OK;
+	return NG_CUBLAS_CHECK(gemm_status(p, k, P, Q, C, D, ws, s)) ? NG_ERR_RUNTIME : NG_OK;
 }
 
 /* The operands of GEMM k in the first Newton-Schulz step (as ng_muon_ns_run passes them). */
@@ -196,10 +203,7 @@ enum ng_status ng_muon_ns_tune(struct ng_muon_ns *p, ng_bf16 *x0, ng_bf16 *x1, n
 			p->algo[k] = p->cand[k][c];
 			cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
 			for (int i = 0; i < WARM && cs == CUBLAS_STATUS_SUCCESS; i++)
-				cs = cublasLtMatmul(p->lt, p->desc[k], &p->alpha[k], io[1], p->lay[k][0],
-						    io[0], p->lay[k][1], &p->beta[k], io[2],
-						    p->lay[k][2], (void *)io[3], p->lay[k][2],
-						    &p->algo[k], ws, p->ws_bytes, s);
+				cs = gemm_status(p, k, io[0], io[1], io[2], (void *)io[3], ws, s);
 			if (cs != CUBLAS_STATUS_SUCCESS) /* an offer that does not run here */
 				continue;
 			st = NG_CUDA_CHECK(cudaEventRecord(ev[0], s));

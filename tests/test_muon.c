@@ -141,7 +141,8 @@ static ng_bf16 *random_u(struct ng_rng *r, double *d, size_t n)
 	return h;
 }
 
-static void ns_case(int rows, int cols, int steps)
+/* tune: each GEMM takes the fastest of cuBLASLt's offered algorithms first (--autotune) */
+static void ns_case(int rows, int cols, int steps, int tune)
 {
 	uint64_t seed = kt_seed();
 	struct ng_rng r;
@@ -159,6 +160,12 @@ static void ns_case(int rows, int cols, int steps)
 	struct ng_muon_ns p;
 	kt_ok(ng_muon_ns_plan(&p, lt_handle(), BATCH, rows, cols, numel, steps, wsb),
 	      "ng_muon_ns_plan");
+	float ms[3] = { -1, -1, -1 };
+	if (tune) {
+		kt_ok(ng_muon_ns_tune(&p, d_x0, d_x1, d_a, d_b, d_ws, 0, ms), "ng_muon_ns_tune");
+		for (int g = 0; g < 3; g++)
+			cr_expect(ms[g] > 0, "NS %dx%d: GEMM %d timed %.4f ms", rows, cols, g, ms[g]);
+	}
 	ng_bf16 *got[2];
 	ng_bf16 *res;
 	for (int run = 0; run < 2; run++) {
@@ -179,7 +186,8 @@ static void ns_case(int rows, int cols, int steps)
 	}
 	struct kt_err e = kt_errors(ref, ref, n);
 	char what[96];
-	snprintf(what, sizeof(what), "newton_schulz %dx%d x%d, %d step(s)", rows, cols, BATCH, steps);
+	snprintf(what, sizeof(what), "newton_schulz %dx%d x%d, %d step(s)%s", rows, cols, BATCH, steps,
+		 tune ? ", tuned" : "");
 	check_fa_(what, seed, gd, naive, ref, n, ldexp(e.ref_max, -10));
 	ng_muon_ns_free(&p);
 	cudaFree(d_x0), cudaFree(d_x1), cudaFree(d_a), cudaFree(d_b), cudaFree(d_ws), cudaFree(d_part);
@@ -191,9 +199,18 @@ Test(muon, newton_schulz_batched)
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
 	for (int s = 0; s < 4; s++) {
-		ns_case(shapes[s][0], shapes[s][1], 1);
-		ns_case(shapes[s][0], shapes[s][1], NG_MUON_NS_STEPS);
+		ns_case(shapes[s][0], shapes[s][1], 1, 0);
+		ns_case(shapes[s][0], shapes[s][1], NG_MUON_NS_STEPS, 0);
 	}
+}
+
+/* The algorithms --autotune picks give the same iteration (within the same bound). */
+Test(muon, newton_schulz_tuned)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	for (int s = 0; s < 4; s++)
+		ns_case(shapes[s][0], shapes[s][1], NG_MUON_NS_STEPS, 1);
 }
 
 Test(muon, normalize)

@@ -14,47 +14,16 @@
 
 #include "kernels/check.h"
 #include "src/checkpoint.h"
-#include "tests/cli_testing.h"
+#include "tests/ckpt_testing.h"
 #include "tests/test_tmpdir.h"
-
-/* The whole of a file (NULL when it cannot be read); *n its size. */
-static unsigned char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long sz = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	unsigned char *b = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
-	*n = b && fread(b, 1, (size_t)sz, f) == (size_t)sz ? (size_t)sz : 0;
-	fclose(f);
-	return b;
-}
-
-/* The text of each step's "loss" value in a metrics file, up to max of them. */
-static int step_losses(const char *path, char out[][32], int max)
-{
-	FILE *f = fopen(path, "r");
-	cr_assert(f, "no metrics file %s", path);
-	char line[1024];
-	int n = 0;
-	while (fgets(line, sizeof(line), f) && n < max) {
-		const char *l = strstr(line, "\"loss\":");
-		if (l && !strstr(line, "val_loss"))
-			sscanf(l + 7, "%31[^,}]", out[n++]);
-	}
-	fclose(f);
-	return n;
-}
 
 static enum ng_status train(const char *out, const char *metrics, const char *extra1,
 			    const char *extra2)
 {
-	return ng_test_cli_run("train", "--model", "speedrun-tiny", "--steps", "6",
-			       "--deterministic", "--seed", "7", "--val-batches", "0",
-			       "--ckpt-every", "3", "--out", out, "--metrics", metrics, extra1,
-			       extra2, NULL);
+	char *argv[] = { "train", "--model", "speedrun-tiny", "--steps", "6", "--deterministic",
+			 "--seed", "7", "--val-batches", "0", "--ckpt-every", "3", "--out",
+			 (char *)out, "--metrics", (char *)metrics };
+	return train_with(argv, (int)(sizeof(argv) / sizeof(argv[0])), extra1, extra2);
 }
 
 Test(resume_gpu, speedrun_resume_is_bit_identical)
@@ -71,7 +40,7 @@ Test(resume_gpu, speedrun_resume_is_bit_identical)
 	cr_assert_eq(train(b, mb, "--stop-after", "3"), NG_OK, "%s", ng_error_message());
 	cr_assert_eq(train(b, mb, "--resume", NULL), NG_OK, "%s", ng_error_message());
 	char la[8][32], lb[8][32];
-	int na = step_losses(ma, la, 8), nb = step_losses(mb, lb, 8);
+	int na = losses(ma, la, 8), nb = losses(mb, lb, 8);
 	cr_assert_eq(na, 6, "the straight run logged %d steps", na);
 	cr_assert_eq(nb, 6, "stopped + resumed logged %d steps", nb);
 	for (int i = 0; i < 6; i++)
@@ -81,8 +50,8 @@ Test(resume_gpu, speedrun_resume_is_bit_identical)
 	ng_ckpt_path(pa, sizeof(pa), a, "state", 6);
 	ng_ckpt_path(pb, sizeof(pb), b, "state", 6);
 	size_t n1 = 0, n2 = 0;
-	unsigned char *x = slurp(pa, &n1), *y = slurp(pb, &n2);
-	cr_assert(x && y && n1 > 0, "state files %s, %s", pa, pb);
+	unsigned char *x = read_file(pa, &n1), *y = read_file(pb, &n2);
+	cr_assert(n1 > 0, "empty state file %s", pa);
 	cr_expect(n1 == n2 && memcmp(x, y, n1) == 0, "the final state files differ (%zu, %zu bytes)",
 		  n1, n2);
 	fprintf(stderr, "speedrun resume: losses %s .. %s equal, state %zu bytes equal\n", la[0],
