@@ -28,7 +28,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	long long mu_warmup = 300;
 	ng_cli_model_flags(&ma, flags, "d12", 0); /* --model tiny: --batch 8 */
 	struct ng_flag more[] = {
-		{ "--steps", NG_FLAG_INT, &o.steps, 1, 1e12, "N", "optimizer steps (200)", false },
+		{ "--steps", NG_FLAG_INT, &o.steps, 1, 1e12, "N",
+		  "optimizer steps (200; 1770 for --model speedrun, the reference run's)", false },
 		{ "--lr", NG_FLAG_DOUBLE, &o.lr, 0, 10, "X", "peak learning rate (6e-4; 3e-3 for --model tiny)", false },
 		{ "--warmup", NG_FLAG_INT, &o.warmup, 0, 1e12, "N", "linear warmup steps (20)",
 		  false },
@@ -46,9 +47,11 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "read training windows in file order (as the PyTorch peer does)", false },
 		{ "--val", NG_FLAG_STRING, &o.val_glob, 0, 0, "GLOB", "validation shards", false },
 		{ "--val-every", NG_FLAG_INT, &o.val_every, 0, 1e12, "N",
-		  "validate every N steps, 0 = at the end only (0)", false },
+		  "validate every N steps, 0 = at the end only (0; with --val and --model speedrun "
+		  "125, the reference run's)", false },
 		{ "--val-batches", NG_FLAG_INT, &o.val_batches, 0, 1e6, "N",
-		  "micro-batches per validation (8)", false },
+		  "micro-batches per validation (8; --model speedrun: 213 sequences, the "
+		  "reference's 10,485,760 validation tokens to within one sequence)", false },
 		{ "--target-val-loss", NG_FLAG_DOUBLE, &o.target_val_loss, 0, 1e6, "X",
 		  "stop after the first validation (--val-every) at or below X and print the "
 		  "training time (validation excluded) and tokens it took; 0 = never (0)", false },
@@ -181,6 +184,18 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 			embed_mult = 75;
 		if (!ng_cli_seen(&spec, "--clip"))
 			o.clip = 0;
+	}
+	/* --model speedrun is the reference run (docs/DESIGN.md "The speedrun model"): its steps,
+	 * and with --val its validation cadence and set (10,485,760 tokens, the largest whole
+	 * number of sequences in it) */
+	if (ma.model && strcmp(ma.model, "speedrun") == 0) {
+		if (!ng_cli_seen(&spec, "--steps"))
+			o.steps = 1770;
+		if (o.val_glob && !ng_cli_seen(&spec, "--val-every"))
+			o.val_every = 125;
+		long long seq = (long long)o.shape.B * o.shape.T;
+		if (!ng_cli_seen(&spec, "--val-batches") && seq > 0)
+			o.val_batches = 10485760 / seq > 0 ? 10485760 / seq : 1;
 	}
 	struct ng_step_options rc;
 	if (o.recompute && (st = ng_step_parse_recompute(o.recompute, o.fp8, &rc)))

@@ -88,6 +88,18 @@ Test(cli, no_gpu_means_exit_1_with_a_hint)
 	cr_expect(strstr(ng_error_hint(), "--device cpu") != NULL, "%s", ng_error_hint());
 }
 
+/* --model speedrun brings the reference run's validation cadence with --val: a target loss
+ * needs no --val-every of its own (without a GPU the run then stops at the device). */
+Test(cli, speedrun_preset_validates_every_125_steps)
+{
+	if (ng_cuda_device_count() > 0)
+		cr_skip_test("a CUDA device is present");
+	enum ng_status st = ng_test_cli_run("train", "--model", "speedrun", "--train", "x.bin",
+					    "--val", "y.bin", "--target-val-loss", "3.28", NULL);
+	cr_expect_eq(st, NG_ERR_RUNTIME, "%s", ng_error_message());
+	cr_expect(strstr(ng_error_message(), "no CUDA device") != NULL, "%s", ng_error_message());
+}
+
 /* eval on the default device without a GPU: the same line and hint as train (it used to end in
  * a raw cudaGetDevice error). */
 Test(cli, eval_without_gpu_says_use_device_cpu)
