@@ -648,17 +648,12 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		}
 		bool by_signal = be->request_stop ? lg.stop_at == step + 1 : stop_requested;
 		bool stop = by_signal || (o->stop_after > 0 && step + 1 == o->stop_after);
-		if (stop || (o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0)) {
-			st = checkpoint(o, be, &f, &lg, step + 1, NULL);
-			if (st)
-				goto out;
-		}
-		if (stop) {
-			fprintf(lg.out, "stopped after step %lld%s; continue with --resume\n",
-				step + 1, by_signal ? " (signal)" : " (--stop-after)");
-			goto out;
-		}
-		if (o->val_every > 0 && (step + 1) % o->val_every == 0 && step + 1 < o->steps) {
+		/* a validation due at this step comes before its checkpoint, so that a run stopped
+		 * here (--stop-after) and resumed validates where the straight run does; a signal
+		 * stops without it */
+		bool reached = false;
+		if (!by_signal && o->val_every > 0 && (step + 1) % o->val_every == 0 &&
+		    step + 1 < o->steps) {
 			st = drain(be, &lg, true, o->log_every);
 			double t0 = now_s(), vl = NAN;
 			if (!st)
@@ -668,10 +663,21 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 			lg.t_last += dt; /* the next step's time leaves the validation out */
 			if (st)
 				goto out;
-			if (o->target_val_loss > 0 && vl <= o->target_val_loss) {
-				end = step + 1;
-				break;
-			}
+			reached = o->target_val_loss > 0 && vl <= o->target_val_loss;
+		}
+		if (stop || (o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0)) {
+			st = checkpoint(o, be, &f, &lg, step + 1, NULL);
+			if (st)
+				goto out;
+		}
+		if (reached) {
+			end = step + 1;
+			break;
+		}
+		if (stop) {
+			fprintf(lg.out, "stopped after step %lld%s; continue with --resume\n",
+				step + 1, by_signal ? " (signal)" : " (--stop-after)");
+			goto out;
 		}
 	}
 	st = drain(be, &lg, true, o->log_every);

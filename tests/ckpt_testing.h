@@ -1,7 +1,8 @@
 /*
  * tests/ckpt_testing.h — helpers of the checkpoint tests (test_checkpoint.c, test_spr_cpu.c):
  * whole files in and out, the safetensors header length, a file re-serialised with its header
- * edited (and its checksum kept, re-stamped or dropped), the losses of a metrics file, a
+ * edited (and its checksum kept, re-stamped or dropped), the losses and validation losses of a
+ * metrics file, a
  * `train` with optional extra flags, and the loss `eval --device cpu` prints.
  * Include once per test program, after Criterion.
  */
@@ -106,6 +107,22 @@ static inline int losses(const char *path, char out[][32], int max)
 		char *l = strstr(line, "\"loss\":");
 		if (l && !strstr(line, "val_loss"))
 			sscanf(l + 7, "%31[^,]", out[n++]);
+	}
+	fclose(f);
+	return n;
+}
+
+/* The "val_loss" fields of a metrics file, in order (as text), and their steps. */
+static inline int val_losses(const char *path, char out[][32], int *steps, int max)
+{
+	FILE *f = fopen(path, "r");
+	cr_assert(f, "no metrics %s", path);
+	char line[512];
+	int n = 0;
+	while (fgets(line, sizeof(line), f) && n < max) {
+		char *l = strstr(line, "\"val_loss\":");
+		if (l && sscanf(line, "{\"step\":%d", &steps[n]) == 1)
+			sscanf(l + 11, "%31[^,}]", out[n++]);
 	}
 	fclose(f);
 	return n;

@@ -549,6 +549,43 @@ Test(checkpoint, cpu_resume_is_bit_identical)
 		  ng_error_message());
 }
 
+/* A run stopped at a validation step and resumed validates at the same steps as the straight
+ * run, with the same losses: the stopped run validates before it checkpoints. */
+Test(checkpoint, cpu_resume_keeps_the_validations)
+{
+	long long seed = (long long)(seed_now() % 1000000);
+	make_tmpdir();
+	char a[512], bdir[512], ma[512], mb[512], sd[32];
+	snprintf(a, sizeof(a), "%s/a", ng_test_dir);
+	snprintf(bdir, sizeof(bdir), "%s/b", ng_test_dir);
+	snprintf(ma, sizeof(ma), "%s/a.jsonl", ng_test_dir);
+	snprintf(mb, sizeof(mb), "%s/b.jsonl", ng_test_dir);
+	snprintf(sd, sizeof(sd), "%lld", seed);
+	char *argv[2][22];
+	for (int r = 0; r < 2; r++) {
+		char *v[] = { "train", "--device", "cpu", "--model", "tiny", "--batch", "2",
+			      "--seq-len", "32", "--steps", "6", "--deterministic", "--seed", sd,
+			      "--val-batches", "2", "--val-every", "2", "--out", r ? bdir : a,
+			      "--metrics", r ? mb : ma };
+		memcpy(argv[r], v, sizeof(v));
+	}
+	cr_assert_eq(train_with(argv[0], 22, NULL, NULL), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(train_with(argv[1], 22, "--stop-after", "4"), NG_OK, "%s",
+		     ng_error_message());
+	cr_assert_eq(train_with(argv[1], 22, "--resume", NULL), NG_OK, "%s", ng_error_message());
+	char va[8][32], vb[8][32];
+	int sa[8], sb[8];
+	int na = val_losses(ma, va, sa, 8), nb = val_losses(mb, vb, sb, 8);
+	cr_assert_eq(na, 3, "the straight run validated %d times", na);
+	cr_assert_eq(nb, 3, "stopped + resumed validated %d times", nb);
+	for (int i = 0; i < 3; i++) {
+		cr_expect_eq(sa[i], 2 * (i + 1), "validation %d at step %d", i, sa[i]);
+		cr_expect_eq(sb[i], sa[i], "validation %d at step %d, resumed at %d", i, sa[i], sb[i]);
+		cr_expect_str_eq(va[i], vb[i], "seed %lld: step %d val loss %s straight, %s resumed",
+				 seed, sa[i], va[i], vb[i]);
+	}
+}
+
 /* A writer killed with SIGKILL at a random moment leaves `latest` naming a checkpoint that loads
  * (the temporary-fsync-rename order: model, state, then latest). */
 Test(checkpoint, sigkill_while_writing_leaves_a_loadable_checkpoint)
