@@ -96,36 +96,32 @@ static inline void rewrite(const unsigned char *b, size_t n, const char *path,
 	free(js);
 }
 
-/* The "loss" fields of a metrics file, in order (as text: %.6g). */
-static inline int losses(const char *path, char out[][32], int max)
+/* The `key` fields ("loss", "val_loss") of a metrics file in order, as text, at most max; their
+ * steps into steps[] when it is not NULL. */
+static inline int metric_texts(const char *path, const char *key, char out[][32], int *steps,
+			       int max)
 {
 	FILE *f = fopen(path, "r");
 	cr_assert(f, "no metrics %s", path);
-	char line[512];
+	char line[512], needle[40];
+	snprintf(needle, sizeof(needle), "\"%s\":", key);
 	int n = 0;
 	while (fgets(line, sizeof(line), f) && n < max) {
-		char *l = strstr(line, "\"loss\":");
-		if (l && !strstr(line, "val_loss"))
-			sscanf(l + 7, "%31[^,]", out[n++]);
+		char *l = strstr(line, needle);
+		if (!l)
+			continue;
+		if (steps && sscanf(line, "{\"step\":%d", &steps[n]) != 1)
+			continue;
+		sscanf(l + strlen(needle), "%31[^,}]", out[n++]);
 	}
 	fclose(f);
 	return n;
 }
 
-/* The "val_loss" fields of a metrics file, in order (as text), and their steps. */
-static inline int val_losses(const char *path, char out[][32], int *steps, int max)
+/* The "loss" fields of a metrics file, in order (as text: %.6g). */
+static inline int losses(const char *path, char out[][32], int max)
 {
-	FILE *f = fopen(path, "r");
-	cr_assert(f, "no metrics %s", path);
-	char line[512];
-	int n = 0;
-	while (fgets(line, sizeof(line), f) && n < max) {
-		char *l = strstr(line, "\"val_loss\":");
-		if (l && sscanf(line, "{\"step\":%d", &steps[n]) == 1)
-			sscanf(l + 11, "%31[^,}]", out[n++]);
-	}
-	fclose(f);
-	return n;
+	return metric_texts(path, "loss", out, NULL, max);
 }
 
 /* `nanograph` ARGV[0..argc) (at most 30) then extra1 and extra2 where not NULL, in-process. */

@@ -575,7 +575,8 @@ Test(checkpoint, cpu_resume_keeps_the_validations)
 	cr_assert_eq(train_with(argv[1], 22, "--resume", NULL), NG_OK, "%s", ng_error_message());
 	char va[8][32], vb[8][32];
 	int sa[8], sb[8];
-	int na = val_losses(ma, va, sa, 8), nb = val_losses(mb, vb, sb, 8);
+	int na = metric_texts(ma, "val_loss", va, sa, 8);
+	int nb = metric_texts(mb, "val_loss", vb, sb, 8);
 	cr_assert_eq(na, 3, "the straight run validated %d times", na);
 	cr_assert_eq(nb, 3, "stopped + resumed validated %d times", nb);
 	for (int i = 0; i < 3; i++) {
