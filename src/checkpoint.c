@@ -382,6 +382,8 @@ enum ng_status ng_ckpt_write_state(const char *path, const struct ng_train_state
 	meta_set(meta, "world", (unsigned long long)(s->world > 1 ? s->world : 1));
 	if (s->shuffle >= 0)
 		meta_set(meta, "shuffle", (unsigned long long)s->shuffle);
+	if (s->train_us >= 0)
+		meta_set(meta, "train_us", (unsigned long long)s->train_us);
 	meta_set(meta, "has_pos", s->has_pos);
 	meta_set(meta, "optimizer_muon", (unsigned long long)(s->muon != 0));
 	meta_set(meta, "pos_seed", s->pos.seed);

@@ -72,6 +72,9 @@ struct ng_train_state {
 	                              * in the hidden matrices' ranges); 0: AdamW, or not recorded */
 	int shuffle;                 /* 1: shuffled windows, 0: --no-shuffle, -1: not recorded
 	                              * (files of earlier versions), not checked on resume */
+	long long train_us;          /* training time of the run up to `step`, validation and
+	                              * checkpoints excluded, in microseconds (summed over the
+	                              * parts of a resumed run); -1: not known (not recorded) */
 	int elem_size;               /* 4 (float) or 8 (double): the master weights' precision */
 	size_t n;                    /* elements per buffer: the flat layout's total */
 	void *params;                /* (n) master weights, flat layout of graph/gpt.h */

@@ -710,6 +710,12 @@ static enum ng_status state_meta(const struct in_file *f, struct ng_train_state 
 	if (st)
 		return st;
 	s->shuffle = has_shuffle ? (int)shuffle : -1;
+	uint64_t train_us;
+	bool has_train_us;
+	st = meta_uint(f, "train_us", 0, (uint64_t)1 << 62, false, &train_us, &has_train_us);
+	if (st)
+		return st;
+	s->train_us = has_train_us ? (long long)train_us : -1;
 	uint64_t muon = 0;
 	st = meta_uint(f, "optimizer_muon", 0, 1, false, &muon, NULL);
 	if (st)

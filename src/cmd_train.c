@@ -54,7 +54,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "reference's 10,485,760 validation tokens to within one sequence)", false },
 		{ "--target-val-loss", NG_FLAG_DOUBLE, &o.target_val_loss, 0, 1e6, "X",
 		  "stop after the first validation (--val-every) at or below X and print the "
-		  "training time (validation excluded) and tokens it took; 0 = never (0)", false },
+		  "training time (validation and checkpoints excluded; with --resume, of all the "
+		  "run's parts) and tokens it took; 0 = never (0)", false },
 		{ "--out", NG_FLAG_STRING, &o.out_dir, 0, 0, "DIR", "checkpoint directory (out)",
 		  false },
 		{ "--ckpt-every", NG_FLAG_INT, &o.ckpt_every, 0, 1e12, "N",

@@ -157,6 +157,9 @@ struct logger {
 	                            * stops there and the loop fails after keeping its work */
 	double t_start, t_last;    /* wall clock of the start and the last printed result */
 	double t_val;              /* wall clock spent validating during the loop */
+	double t_ckpt;             /* ... and writing checkpoints */
+	double t_prior;            /* training time of the parts before a --resume (0 for a
+	                            * fresh run; -1: not recorded in the checkpoint) */
 	long long last_step;       /* step of the last result */
 	double tokens_per_step, flops_per_token, peak;
 	long long steps;
@@ -325,15 +328,21 @@ static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backen
 	s.has_pos = !f->synthetic;
 	s.muon = ng_train_is_muon(o);
 	s.shuffle = f->synthetic ? -1 : !o->no_shuffle;
+	s.train_us = lg->t_prior < 0 ? -1
+				     : (long long)(1e6 * (lg->t_prior + t0 - lg->t_start - lg->t_val -
+							  lg->t_ckpt));
 	if (s.has_pos && pos)
 		s.pos = *pos;
 	else if (s.has_pos)
 		ng_loader_tell(&f->train, &s.pos);
 	if (!st)
 		st = ng_ckpt_save(o->out_dir, &s, p32);
+	double dt = now_s() - t0;
+	lg->t_ckpt += dt;
+	lg->t_last += dt; /* the next step's time leaves the checkpoint out */
 	if (!st)
 		fprintf(lg->out, "checkpoint: step %lld -> %s/{model,state}_%08lld.safetensors "
-			"(%.2f s)\n", step, o->out_dir, step, now_s() - t0);
+			"(%.2f s)\n", step, o->out_dir, step, dt);
 	free(p32);
 	ng_ckpt_state_free(&s);
 	return st;
@@ -412,6 +421,7 @@ static enum ng_status resume(const struct ng_train_opts *o, struct ng_backend *b
 		st = ng_loader_seek(&f->train, &s.pos);
 	if (!st)
 		fprintf(lg->out, "resume: step %lld from %s\n", s.step, path);
+	lg->t_prior = s.train_us >= 0 ? (double)s.train_us * 1e-6 : -1;
 	*start = s.step;
 	ng_ckpt_state_free(&s);
 	return st;
@@ -681,7 +691,8 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		}
 	}
 	st = drain(be, &lg, true, o->log_every);
-	double t_end = now_s();
+	/* this process's training time (validation and checkpoints excluded) */
+	double here = now_s() - lg.t_start - lg.t_val - lg.t_ckpt;
 	/* the final model, with --ckpt-every or after a signal too late to stop before the end
 	 * (every rank has the same stop_at once all steps are collected) */
 	bool written = o->ckpt_every > 0 && end % o->ckpt_every == 0;
@@ -694,11 +705,16 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	if (st)
 		goto out;
 	double wall = now_s() - lg.t_start;
-	if (end < o->steps)
+	if (end < o->steps && (start == 0 || lg.t_prior >= 0))
+		fprintf(lg.out, "target: val loss <= %g reached after step %lld: %.2f s of training%s "
+			"(validation and checkpoints excluded), %.0f tokens\n", o->target_val_loss,
+			end, lg.t_prior + here, start > 0 ? " over all the run's parts" : "",
+			(double)end * lg.tokens_per_step);
+	else if (end < o->steps)
 		fprintf(lg.out, "target: val loss <= %g reached after step %lld: %.2f s of training "
-			"(validation excluded), %.0f tokens%s\n", o->target_val_loss, end,
-			t_end - lg.t_start - lg.t_val, (double)(end - start) * lg.tokens_per_step,
-			start > 0 ? " since the resumed step (this process's share)" : "");
+			"(validation and checkpoints excluded), %.0f tokens since the resumed step "
+			"(its checkpoint holds no earlier time)\n", o->target_val_loss, end, here,
+			(double)(end - start) * lg.tokens_per_step);
 	else if (o->target_val_loss > 0)
 		fprintf(lg.out, "target: val loss <= %g not reached in %lld steps\n",
 			o->target_val_loss, o->steps);

@@ -1,6 +1,7 @@
 /*
  * tests/ckpt_testing.h — helpers of the checkpoint tests (test_checkpoint.c, test_spr_cpu.c):
- * whole files in and out, the safetensors header length, a file re-serialised with its header
+ * whole files in and out, the safetensors header length, two state files compared but for their
+ * training time, a file re-serialised with its header
  * edited (and its checksum kept, re-stamped or dropped), the losses and validation losses of a
  * metrics file, a
  * `train` with optional extra flags, and the loss `eval --device cpu` prints.
@@ -12,6 +13,7 @@
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +43,37 @@ static inline uint64_t header_len(const unsigned char *b)
 	for (int i = 0; i < 8; i++)
 		hl |= (uint64_t)b[i] << (8 * i);
 	return hl;
+}
+
+/* Whether two state files hold the same tensors, byte for byte, and the same header but for
+ * "train_us" (the wall-clock training time, which no two runs share) and the "checksum" that
+ * covers it: what a resumed run must reproduce of the straight one. */
+static inline bool same_state_but_time(const char *pa, const char *pb)
+{
+	size_t na, nb;
+	unsigned char *a = read_file(pa, &na), *b = read_file(pb, &nb);
+	uint64_t ha = na >= 8 ? header_len(a) : na, hb = nb >= 8 ? header_len(b) : nb;
+	bool same = na >= 8 + ha && nb >= 8 + hb && na - ha == nb - hb &&
+		    memcmp(a + 8 + ha, b + 8 + hb, na - 8 - ha) == 0;
+	json_t *j[2] = { NULL, NULL };
+	if (same) {
+		j[0] = json_loadb((const char *)a + 8, ha, 0, NULL);
+		j[1] = json_loadb((const char *)b + 8, hb, 0, NULL);
+		for (int i = 0; i < 2; i++) {
+			json_t *m = j[i] ? json_object_get(j[i], "__metadata__") : NULL;
+			same = same && m && json_object_get(m, "train_us");
+			if (m) {
+				json_object_del(m, "train_us");
+				json_object_del(m, "checksum");
+			}
+		}
+		same = same && json_equal(j[0], j[1]);
+	}
+	json_decref(j[0]);
+	json_decref(j[1]);
+	free(a);
+	free(b);
+	return same;
 }
 
 static inline void write_file(const char *path, const void *b, size_t n)

@@ -476,6 +476,14 @@ Test(checkpoint, latest_must_be_a_step_number, .timeout = 20)
 	cr_assert(strstr(ng_error_message(), "a FIFO"), "%s", ng_error_message());
 }
 
+/* A fresh test directory and the paths of two runs' folders in it, <dir>/a and <dir>/b. */
+static void two_run_dirs(char *a, char *b, size_t n)
+{
+	make_tmpdir();
+	snprintf(a, n, "%s/a", ng_test_dir);
+	snprintf(b, n, "%s/b", ng_test_dir);
+}
+
 static enum ng_status train(const char *out, const char *extra1, const char *extra2,
 			    const char *metrics, long long seed)
 {
@@ -491,10 +499,8 @@ static enum ng_status train(const char *out, const char *extra1, const char *ext
 Test(checkpoint, cpu_resume_is_bit_identical)
 {
 	long long seed = (long long)(seed_now() % 1000000);
-	make_tmpdir();
 	char a[512], bdir[512], ma[512], mb[512];
-	snprintf(a, sizeof(a), "%s/a", ng_test_dir);
-	snprintf(bdir, sizeof(bdir), "%s/b", ng_test_dir);
+	two_run_dirs(a, bdir, sizeof(a));
 	snprintf(ma, sizeof(ma), "%s/a.jsonl", ng_test_dir);
 	snprintf(mb, sizeof(mb), "%s/b.jsonl", ng_test_dir);
 	cr_assert_eq(train(a, NULL, NULL, ma, seed), NG_OK, "%s", ng_error_message());
@@ -515,11 +521,9 @@ Test(checkpoint, cpu_resume_is_bit_identical)
 	char pa[600], pb[600];
 	ng_ckpt_path(pa, sizeof(pa), a, "state", 6);
 	ng_ckpt_path(pb, sizeof(pb), bdir, "state", 6);
-	size_t n1, n2;
-	unsigned char *x = read_file(pa, &n1), *y = read_file(pb, &n2);
-	cr_assert(n1 == n2 && memcmp(x, y, n1) == 0, "seed %lld: final state files differ", seed);
-	free(x);
-	free(y);
+	cr_assert(same_state_but_time(pa, pb), "seed %lld: final state files differ", seed);
+	ng_ckpt_path(pa, sizeof(pa), a, "state", 3);
+	cr_assert(!same_state_but_time(pa, pb), "step 3's state passes for step 6's");
 
 	/* resuming with another shape is refused with a clear error */
 	char *argv[] = { "train", "--device", "cpu", "--model", "tiny", "--batch", "3",
@@ -554,10 +558,8 @@ Test(checkpoint, cpu_resume_is_bit_identical)
 Test(checkpoint, cpu_resume_keeps_the_validations)
 {
 	long long seed = (long long)(seed_now() % 1000000);
-	make_tmpdir();
 	char a[512], bdir[512], ma[512], mb[512], sd[32];
-	snprintf(a, sizeof(a), "%s/a", ng_test_dir);
-	snprintf(bdir, sizeof(bdir), "%s/b", ng_test_dir);
+	two_run_dirs(a, bdir, sizeof(a));
 	snprintf(ma, sizeof(ma), "%s/a.jsonl", ng_test_dir);
 	snprintf(mb, sizeof(mb), "%s/b.jsonl", ng_test_dir);
 	snprintf(sd, sizeof(sd), "%lld", seed);
@@ -585,6 +587,82 @@ Test(checkpoint, cpu_resume_keeps_the_validations)
 		cr_expect_str_eq(va[i], vb[i], "seed %lld: step %d val loss %s straight, %s resumed",
 				 seed, sa[i], va[i], vb[i]);
 	}
+}
+
+/* train ARGV (22 of them) plus extra1/extra2, its stderr (the step and target lines) into a file,
+ * then read back as one string (freed by the caller). */
+static char *train_stderr(char **argv, const char *extra1, const char *extra2, const char *log,
+			  enum ng_status *st)
+{
+	fflush(stderr);
+	int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	cr_assert(saved >= 0 && fd >= 0, "cannot redirect stderr to %s", log);
+	dup2(fd, 2);
+	close(fd);
+	*st = train_with(argv, 22, extra1, extra2);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	size_t n;
+	char *text = (char *)read_file(log, &n);
+	text[n] = '\0';
+	return text;
+}
+
+/* --target-val-loss over a stopped and resumed run: the state file carries the training time
+ * (train_us), and the resumed part reports the target at the straight run's step, with the
+ * tokens since step 0 and the time of both parts. */
+Test(checkpoint, target_over_a_resumed_run, .timeout = 300)
+{
+	char a[512], bdir[512], log[512];
+	two_run_dirs(a, bdir, sizeof(a));
+	snprintf(log, sizeof(log), "%s/log.txt", ng_test_dir);
+	char *argv[2][22];
+	for (int r = 0; r < 2; r++) {
+		char *v[] = { "train", "--device", "cpu", "--model", "tiny", "--steps", "60",
+			      "--deterministic", "--seed", "11", "--val-every", "5", "--val-batches",
+			      "2", "--target-val-loss", "5.5", "--out", r ? bdir : a, "--metrics",
+			      "/dev/null", "--log-every", "100" };
+		memcpy(argv[r], v, sizeof(v));
+	}
+	enum ng_status st;
+	char *t1 = train_stderr(argv[0], NULL, NULL, log, &st);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	long long at = 0;
+	double tok = 0, secs = 0;
+	const char *p = strstr(t1, "target: val loss <= 5.5 reached after step ");
+	cr_assert(p && sscanf(p, "target: val loss <= 5.5 reached after step %lld: %lf s", &at,
+			      &secs) == 2, "no target line in:\n%s", t1);
+	cr_assert(sscanf(strstr(p, "excluded), ") + 11, "%lf tokens", &tok) == 1, "%s", p);
+	free(t1);
+	if (at < 10)
+		cr_skip_test("the target came at step %lld, too early to split the run", at);
+	char stop[24];
+	snprintf(stop, sizeof(stop), "%lld", at - 5);
+	char *t2 = train_stderr(argv[1], "--stop-after", stop, log, &st);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	free(t2);
+	char path[600];
+	ng_ckpt_path(path, sizeof(path), bdir, "state", at - 5);
+	struct ng_train_state s;
+	cr_assert_eq(ng_ckpt_read_state(path, &s), NG_OK, "%s", ng_error_message());
+	long long us1 = s.train_us;
+	ng_ckpt_state_free(&s);
+	cr_expect(us1 > 0, "the stopped part's state holds train_us %lld", us1);
+	char *t3 = train_stderr(argv[1], "--resume", NULL, log, &st);
+	cr_assert_eq(st, NG_OK, "%s", ng_error_message());
+	long long at2 = 0;
+	double tok2 = 0, secs2 = 0;
+	p = strstr(t3, "target: val loss <= 5.5 reached after step ");
+	cr_assert(p && sscanf(p, "target: val loss <= 5.5 reached after step %lld: %lf s", &at2,
+			      &secs2) == 2, "no target line in:\n%s", t3);
+	cr_expect_eq(at2, at, "resumed: target at step %lld, straight at %lld", at2, at);
+	cr_expect(strstr(p, "over all the run's parts") != NULL, "%s", p);
+	cr_assert(sscanf(strstr(p, "excluded), ") + 11, "%lf tokens", &tok2) == 1, "%s", p);
+	cr_expect(tok2 == tok, "tokens %.0f resumed, %.0f straight", tok2, tok);
+	cr_expect(secs2 >= (double)us1 * 1e-6, "total %.3f s, below the first part's %.3f s",
+		  secs2, (double)us1 * 1e-6);
+	free(t3);
 }
 
 /* A writer killed with SIGKILL at a random moment leaves `latest` naming a checkpoint that loads
