@@ -50,8 +50,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "validate every N steps, 0 = at the end only (0; with --val and --model speedrun "
 		  "125, the reference run's)", false },
 		{ "--val-batches", NG_FLAG_INT, &o.val_batches, 0, 1e6, "N",
-		  "micro-batches per validation (8; --model speedrun: 213 sequences, the "
-		  "reference's 10,485,760 validation tokens to within one sequence)", false },
+		  "micro-batches per validation (8; with --val and --model speedrun 213 sequences, "
+		  "the reference's 10,485,760 validation tokens to within one sequence)", false },
 		{ "--target-val-loss", NG_FLAG_DOUBLE, &o.target_val_loss, 0, 1e6, "X",
 		  "stop after the first validation (--val-every) at or below X and print the "
 		  "training time (validation and checkpoints excluded; with --resume, of all the "
@@ -195,7 +195,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		if (o.val_glob && !ng_cli_seen(&spec, "--val-every"))
 			o.val_every = 125;
 		long long seq = (long long)o.shape.B * o.shape.T;
-		if (!ng_cli_seen(&spec, "--val-batches") && seq > 0)
+		if (o.val_glob && !ng_cli_seen(&spec, "--val-batches") && seq > 0)
 			o.val_batches = 10485760 / seq > 0 ? 10485760 / seq : 1;
 	}
 	struct ng_step_options rc;
