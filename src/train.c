@@ -328,9 +328,8 @@ static enum ng_status checkpoint(const struct ng_train_opts *o, struct ng_backen
 	s.has_pos = !f->synthetic;
 	s.muon = ng_train_is_muon(o);
 	s.shuffle = f->synthetic ? -1 : !o->no_shuffle;
-	s.train_us = lg->t_prior < 0 ? -1
-				     : (long long)(1e6 * (lg->t_prior + t0 - lg->t_start - lg->t_val -
-							  lg->t_ckpt));
+	double trained = lg->t_prior + t0 - lg->t_start - lg->t_val - lg->t_ckpt;
+	s.train_us = lg->t_prior < 0 ? -1 : (long long)(1e6 * trained);
 	if (s.has_pos && pos)
 		s.pos = *pos;
 	else if (s.has_pos)
@@ -706,10 +705,10 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 		goto out;
 	double wall = now_s() - lg.t_start;
 	if (end < o->steps && (start == 0 || lg.t_prior >= 0))
-		fprintf(lg.out, "target: val loss <= %g reached after step %lld: %.2f s of training%s "
-			"(validation and checkpoints excluded), %.0f tokens\n", o->target_val_loss,
-			end, lg.t_prior + here, start > 0 ? " over all the run's parts" : "",
-			(double)end * lg.tokens_per_step);
+		fprintf(lg.out, "target: val loss <= %g reached after step %lld: %.2f s of "
+			"training%s (validation and checkpoints excluded), %.0f tokens\n",
+			o->target_val_loss, end, lg.t_prior + here,
+			start > 0 ? " over all the run's parts" : "", (double)end * lg.tokens_per_step);
 	else if (end < o->steps)
 		fprintf(lg.out, "target: val loss <= %g reached after step %lld: %.2f s of training "
 			"(validation and checkpoints excluded), %.0f tokens since the resumed step "

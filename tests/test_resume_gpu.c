@@ -4,8 +4,8 @@
  * the same loss at every step (the metrics' text) and the same final state file (parameters,
  * Muon's momentum and Adam's moments, the FP8 head's scales and their history, the step, the
  * data position): every tensor byte and header field but the wall-clock training time
- * (tests/ckpt_testing.h same_state_but_time). speedrun-tiny, one sequence of 512 tokens on the built-in synthetic
- * corpus, the speedrun's defaults (Muon, the FP8 head where the GPU has FP8, the window growing
+ * (tests/ckpt_testing.h same_state_but_time). speedrun-tiny, one sequence of 512 tokens on
+ * the built-in synthetic corpus, the speedrun's defaults (Muon, the FP8 head where the GPU has FP8, the window growing
  * from 1 to 14 blocks over the 6 steps), --deterministic (the attention backward's).
  */
 #include <criterion/criterion.h>

@@ -1,9 +1,12 @@
 /*
- * tests/test_corpus.c — tools/corpus: the same files give the same shards byte for byte; the
- * documents go into the stream in the order of their SHA-256 (the manifest's third column
- * ascends), and --path-order takes the same files in path order (the first column ascends in
- * bytes). Runs the tool on 2 MB of this machine's text, from the source root (where
- * tools/run-tests and meson test run), with the nanograph binary of this build.
+ * tests/test_race_tools.c — the scripts of the speedrun race, run from the source root (where
+ * tools/run-tests and meson test run):
+ *  - tools/corpus: the same files give the same shards byte for byte; the documents go into the
+ *    stream in the order of their SHA-256 (the manifest's third column ascends), and
+ *    --path-order takes the same files in path order (the first column ascends in bytes). On 2
+ *    MB of this machine's text, with the nanograph binary of this build;
+ *  - tools/speedrun-race report: tokens/s and the times to the two target losses (linear
+ *    between checkpoints, validation excluded) from made-up logs of the three runs.
  */
 #define _XOPEN_SOURCE 700
 #include <criterion/criterion.h>
@@ -11,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/test_tmpdir.h"
@@ -110,4 +114,71 @@ Test(corpus, deterministic_and_ordered_by_content, .timeout = 300)
 	for (int i = 0; i < n; i++)
 		cr_expect_str_eq(la[i], lp[i], "line %d of the sorted manifests", i + 1);
 	free(ma), free(mp), free(ma2), free(mp2), free(ha), free(pth), free(la), free(lp);
+}
+
+/* Write text to <test dir>/out/name. */
+static void put(const char *name, const char *text)
+{
+	char p[512];
+	snprintf(p, sizeof(p), "%s/out/%s", ng_test_dir, name);
+	FILE *f = fopen(p, "w");
+	cr_assert(f, "cannot write %s", p);
+	fputs(text, f);
+	fclose(f);
+}
+
+Test(race, report_reads_the_three_logs, .timeout = 60)
+{
+	if (access("tools/speedrun-race", X_OK) != 0)
+		cr_skip_test("tools/speedrun-race not here: run from the source root");
+	if (system("python3 -c pass >/dev/null 2>&1") != 0)
+		cr_skip_test("no python3");
+	ng_test_dir_make("ng_race_");
+	char dir[512];
+	snprintf(dir, sizeof(dir), "%s/out", ng_test_dir);
+	cr_assert(mkdir(dir, 0700) == 0);
+	/* the reference: validations at 0, 2, 4 of 4 steps (2 s a checkpoint) */
+	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
+		       "step:1/4 train_time:1000ms step_avg:1000.00ms\n"
+		       "step:2/4 train_time:2000ms step_avg:1000.00ms\n"
+		       "step:2/4 val_loss:5.0000 train_time:2000ms step_avg:1000.00ms\n"
+		       "step:4/4 train_time:4000ms step_avg:1000.00ms\n"
+		       "step:4/4 val_loss:3.0000 train_time:4000ms step_avg:1000.00ms\n");
+	/* ours: 500 ms a step; gpt2: 1000 ms a step */
+	put("ours.jsonl", "{\"step\":1,\"loss\":9,\"ms\":500}\n{\"step\":2,\"loss\":8,\"ms\":500}\n"
+			  "{\"step\":2,\"val_loss\":4.0}\n{\"step\":3,\"loss\":7,\"ms\":500}\n"
+			  "{\"step\":4,\"loss\":6,\"ms\":500}\n{\"step\":4,\"val_loss\":2.5}\n");
+	put("gpt2.jsonl", "{\"step\":1,\"loss\":9,\"ms\":1000}\n{\"step\":2,\"loss\":8,\"ms\":1000}\n"
+			  "{\"step\":2,\"val_loss\":6.0}\n{\"step\":3,\"loss\":7,\"ms\":1000}\n"
+			  "{\"step\":4,\"loss\":6,\"ms\":1000}\n{\"step\":4,\"val_loss\":4.5}\n");
+	char cmd[2048], log[512];
+	snprintf(log, sizeof(log), "%s/report.txt", ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/speedrun-race report >'%s' 2>&1", dir,
+		 log);
+	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
+	size_t n;
+	char *r = slurp(log, &n);
+	/* tok/s: the reference 49152 x 4 steps / 4 s; ours and gpt2 over the steps after the
+	 * first; the GPT-2 final 4.5: the reference between 5.0 at 2 s and 3.0 at 4 s, ours
+	 * already at its first checkpoint; the reference's final 3.0: ours between 4.0 at 1 s and
+	 * 2.5 at 2 s */
+	const char *want[] = {
+		"reference (PyTorch + Triton): 49152 tok/s",
+		"reaches 4.5000 (the GPT-2 run's final): at 2.5 s",
+		"reaches 3.0000 (the reference's final): at 4.0 s",
+		"nanograph speedrun: 98304 tok/s",
+		"reaches 4.5000 (the GPT-2 run's final): at 1.0 s",
+		"reaches 3.0000 (the reference's final): at 1.7 s",
+		"nanograph GPT-2 d12: 65536 tok/s",
+		"reaches 4.5000 (the GPT-2 run's final): at 4.0 s",
+		"reaches 3.0000 (the reference's final): not in this run",
+	};
+	const char *at = r;
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		const char *p = strstr(at, want[i]);
+		cr_expect(p != NULL, "no '%s' (in order) in the report:\n%s", want[i], r);
+		if (p)
+			at = p + strlen(want[i]);
+	}
+	free(r);
 }
