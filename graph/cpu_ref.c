@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "graph/cpu_ops.h"
 
@@ -17,6 +18,19 @@ static double *take_(double **cur, size_t n)
 	double *p = *cur;
 	*cur += n;
 	return p;
+}
+
+enum ng_status ng_cpu_arena_fits(const char *who, size_t bytes)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	if (pages <= 0 || page <= 0 || bytes / (size_t)page < (size_t)pages)
+		return NG_OK;
+	ng_fail(NG_ERR_INPUT, "%s: the double-precision reference of this model and batch needs "
+		"%.1f GiB, more than this machine's %.1f GiB", who, (double)bytes / (1 << 30),
+		(double)pages * (double)page / (1 << 30));
+	ng_hint("--device cpu is for small models (--model tiny or speedrun-tiny, a smaller "
+		"--batch or --seq-len); train this one on the GPU");
+	return NG_ERR_INPUT;
 }
 
 enum ng_status ng_cpu_model_init(struct ng_cpu_model *m, const struct ng_gpt_config *cfg, int B,
@@ -41,6 +55,10 @@ enum ng_status ng_cpu_model_init(struct ng_cpu_model *m, const struct ng_gpt_con
 	size_t n_acts = N * C + L * N * (16 * C + 4) + N * C + 2 * N + N * Vp + N;
 	size_t n_scratch = N * C * 3 + N * 3 * C + 2 * N * 4 * C + N * Vp;
 	size_t n = n_state + n_acts + n_scratch;
+	if ((st = ng_cpu_arena_fits("cpu reference", n * sizeof(double))) != NG_OK) {
+		memset(m, 0, sizeof(*m));
+		return st;
+	}
 	m->arena_ = calloc(n, sizeof(double));
 	m->inputs = calloc(2 * N, sizeof(int32_t));
 	if (!m->arena_ || !m->inputs) {

@@ -79,11 +79,17 @@ struct ng_cpu_model {
 
 /* Check cfg (ng_gpt_check), allocate for B sequences of T tokens (T <= cfg->T), and initialise
  * the parameters with ng_gpt_init(seed) (float values widened to double). Grads, moments and
- * the step counter start at zero. NG_ERR_INPUT for bad sizes, NG_ERR_RUNTIME when out of memory.
+ * the step counter start at zero. NG_ERR_INPUT for bad sizes or an arena beyond the machine's
+ * physical memory (ng_cpu_arena_fits), NG_ERR_RUNTIME when out of memory.
  * On failure m holds nothing to free. */
 enum ng_status ng_cpu_model_init(struct ng_cpu_model *m, const struct ng_gpt_config *cfg, int B,
 				 int T, uint64_t seed);
 void ng_cpu_model_free(struct ng_cpu_model *m);
+/* NG_OK when a reference arena of `bytes` fits this machine's physical memory (or it cannot be
+ * told); else NG_ERR_INPUT, "<who>: ... needs X GiB, more than this machine's Y GiB", with a hint
+ * toward a smaller model or the GPU: a model too large for --device cpu is refused before any
+ * allocation, which with memory overcommit could otherwise succeed and then swap. */
+enum ng_status ng_cpu_arena_fits(const char *who, size_t bytes);
 
 /* Replace the parameters with a float copy (lay.total elements, the ng_gpt_init layout). */
 void ng_cpu_model_load_params(struct ng_cpu_model *m, const float *params);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "graph/cpu_ops.h"
+#include "graph/cpu_ref.h"
 #include "graph/cpu_spr_ops.h"
 #include "util/rng.h"
 
@@ -116,6 +117,11 @@ enum ng_status ng_cpu_spr_init(struct ng_cpu_spr_model *m, const struct ng_gpt_c
 	m->T = T;
 	m->bos = m->cfg.V - 1;
 	size_t N = (size_t)B * T, n = layout_arena_(m, NULL);
+	enum ng_status fits = ng_cpu_arena_fits("speedrun cpu reference", n * sizeof(double));
+	if (fits != NG_OK) {
+		memset(m, 0, sizeof(*m));
+		return fits;
+	}
 	m->arena_ = calloc(n, sizeof(double));
 	m->inputs = calloc(3 * N, sizeof(int32_t));
 	float *f = malloc(m->lay.total * sizeof(float));

@@ -127,7 +127,8 @@ int ng_cpu_spr_block_window(const struct ng_gpt_config *cfg, int l, int W);
 
 /* Check cfg (ng_gpt_check; arch must be NG_ARCH_SPEEDRUN), allocate for B sequences of T tokens
  * (T <= cfg->T) and initialise the parameters with ng_gpt_init(seed) (floats widened). Grads
- * start at zero, head_fp8 at 0. NG_ERR_INPUT for bad sizes, NG_ERR_RUNTIME when out of memory.
+ * start at zero, head_fp8 at 0. NG_ERR_INPUT for bad sizes or an arena beyond the machine's
+ * physical memory (ng_cpu_arena_fits), NG_ERR_RUNTIME when out of memory.
  * On failure m holds nothing to free. */
 enum ng_status ng_cpu_spr_init(struct ng_cpu_spr_model *m, const struct ng_gpt_config *cfg,
 			       int B, int T, uint64_t seed);

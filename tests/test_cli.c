@@ -100,6 +100,18 @@ Test(cli, speedrun_preset_validates_every_125_steps)
 	cr_expect(strstr(ng_error_message(), "no CUDA device") != NULL, "%s", ng_error_message());
 }
 
+/* --device cpu with a model whose double-precision reference cannot fit the machine: one input
+ * error with a hint, before any allocation (the speedrun model at batch 8 needs ~1.1 TB). */
+Test(cli, cpu_reference_too_large_is_refused)
+{
+	enum ng_status st = ng_test_cli_run("train", "--model", "speedrun", "--device", "cpu",
+					    "--batch", "8", "--steps", "1", NULL);
+	cr_expect_eq(st, NG_ERR_INPUT, "%s", ng_error_message());
+	cr_expect(strstr(ng_error_message(), "more than this machine's") != NULL, "%s",
+		  ng_error_message());
+	cr_expect(strstr(ng_error_hint(), "speedrun-tiny") != NULL, "%s", ng_error_hint());
+}
+
 /* eval on the default device without a GPU: the same line and hint as train (it used to end in
  * a raw cudaGetDevice error). */
 Test(cli, eval_without_gpu_says_use_device_cpu)
