@@ -1,10 +1,10 @@
 /*
- * tests/ckpt_testing.h — helpers of the checkpoint tests (test_checkpoint.c, test_spr_cpu.c):
- * whole files in and out, the safetensors header length, two state files compared but for their
- * training time, a file re-serialised with its header
- * edited (and its checksum kept, re-stamped or dropped), the losses and validation losses of a
- * metrics file, a
- * `train` with optional extra flags, and the loss `eval --device cpu` prints.
+ * tests/ckpt_testing.h — helpers of the checkpoint tests (test_checkpoint.c, test_spr_cpu.c,
+ * test_resume_gpu.c) and of test_race_tools.c: whole files in and out, the safetensors header
+ * length, two state files compared but for their training time, a file re-serialised with its
+ * header edited (and its checksum kept, re-stamped or dropped), the losses and validation losses
+ * of a metrics file, a `train` with optional extra flags, and the loss `eval --device cpu`
+ * prints.
  * Include once per test program, after Criterion.
  */
 #ifndef NG_TESTS_CKPT_TESTING_H
@@ -33,6 +33,14 @@ static inline unsigned char *read_file(const char *path, size_t *n)
 	unsigned char *b = malloc(*n + 1);
 	cr_assert_eq(fread(b, 1, *n, f), *n);
 	fclose(f);
+	return b;
+}
+
+/* The whole of a file as text (NUL-terminated); *n its size. */
+static inline char *read_text(const char *path, size_t *n)
+{
+	char *b = (char *)read_file(path, n);
+	b[*n] = '\0';
 	return b;
 }
 

@@ -604,9 +604,7 @@ static char *train_stderr(char **argv, const char *extra1, const char *extra2, c
 	dup2(saved, 2);
 	close(saved);
 	size_t n;
-	char *text = (char *)read_file(log, &n);
-	text[n] = '\0';
-	return text;
+	return read_text(log, &n);
 }
 
 /* --target-val-loss over a stopped and resumed run: the state file carries the training time

@@ -17,22 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tests/ckpt_testing.h"
 #include "tests/test_tmpdir.h"
-
-/* The whole of a file, NUL-terminated; *n its size. */
-static char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert(f, "cannot open %s", path);
-	fseek(f, 0, SEEK_END);
-	*n = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *b = malloc(*n + 1);
-	cr_assert(b && fread(b, 1, *n, f) == *n, "cannot read %s", path);
-	b[*n] = '\0';
-	fclose(f);
-	return b;
-}
 
 /* Run tools/corpus into <test dir>/name with extra flags; fail on a non-zero exit. */
 static void corpus(const char *bin, const char *name, const char *extra)
@@ -85,7 +71,7 @@ Test(corpus, deterministic_and_ordered_by_content, .timeout = 300)
 		snprintf(pa, sizeof(pa), "%s/a/%s", ng_test_dir, files[i]);
 		snprintf(pb, sizeof(pb), "%s/b/%s", ng_test_dir, files[i]);
 		size_t na, nb;
-		char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+		char *x = read_text(pa, &na), *y = read_text(pb, &nb);
 		cr_expect(na == nb && memcmp(x, y, na) == 0, "two runs made different %s", files[i]);
 		free(x);
 		free(y);
@@ -95,7 +81,7 @@ Test(corpus, deterministic_and_ordered_by_content, .timeout = 300)
 	snprintf(pa, sizeof(pa), "%s/a/manifest.tsv", ng_test_dir);
 	snprintf(pp, sizeof(pp), "%s/p/manifest.tsv", ng_test_dir);
 	size_t na, np;
-	char *ma = slurp(pa, &na), *mp = slurp(pp, &np), *ma2 = strdup(ma), *mp2 = strdup(mp);
+	char *ma = read_text(pa, &na), *mp = read_text(pp, &np), *ma2 = strdup(ma), *mp2 = strdup(mp);
 	char **ha = malloc(MAX * sizeof(char *)), **pth = malloc(MAX * sizeof(char *));
 	char **la = malloc(MAX * sizeof(char *)), **lp = malloc(MAX * sizeof(char *));
 	int n = fields(ma, 2, ha, MAX), m = fields(mp, 0, pth, MAX);
@@ -157,7 +143,7 @@ Test(race, report_reads_the_three_logs, .timeout = 60)
 		 log);
 	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
 	size_t n;
-	char *r = slurp(log, &n);
+	char *r = read_text(log, &n);
 	/* tok/s: the reference 49152 x 4 steps / 4 s; ours and gpt2 over the steps after the
 	 * first; the GPT-2 final 4.5: the reference between 5.0 at 2 s and 3.0 at 4 s, ours
 	 * already at its first checkpoint; the reference's final 3.0: ours between 4.0 at 1 s and
