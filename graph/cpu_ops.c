@@ -187,13 +187,13 @@ void ng_ref_gelu_bwd(double *dinp, const double *inp, const double *dout, size_t
  * document, no window and the scale 1/sqrt(D): one implementation serves both models. */
 void ng_ref_attention_fwd(double *out, double *lse, const double *qkv, int B, int T, int H, int D)
 {
-	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, 0, 1.0 / sqrt((double)D), B, T, H, D);
+	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, 0, 1, 1.0 / sqrt((double)D), B, T, H, D);
 }
 
 void ng_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int H,
 			  int D)
 {
-	ng_ref_attention_masked_bwd(dqkv, dout, qkv, NULL, 0, 1.0 / sqrt((double)D), B, T, H, D);
+	ng_ref_attention_masked_bwd(dqkv, dout, qkv, NULL, 0, 1, 1.0 / sqrt((double)D), B, T, H, D);
 }
 
 double ng_ref_crossentropy(double *losses, double *dlogits, const double *logits,

@@ -324,7 +324,8 @@ enum ng_status ng_cpu_spr_forward(struct ng_cpu_spr_model *m, const int32_t *inp
 				       C);
 			ng_ref_attention_masked_fwd(atty, NULL, qkvr, m->doc,
 						    ng_cpu_spr_block_window(cfg, l, window),
-						    NG_SPR_ATTN_SCALE, B, T, H, D);
+						    NG_SPR_WINDOW_BLOCK, NG_SPR_ATTN_SCALE, B, T, H,
+						    D);
 			ng_ref_matmul_fwd(xattn, atty, tensor_(m, P, NG_P_ATTPROJW, slot), NULL, N,
 					  C, C);
 			for (size_t i = 0; i < NC; i++)
@@ -374,8 +375,8 @@ static void attention_bwd_(struct ng_cpu_spr_model *m, int l, int slot)
 			  a->atty + l * NC, tensor_(m, P, NG_P_ATTPROJW, slot), N, C, C);
 	memset(s->dqkvr, 0, 3 * NC * sizeof(double));
 	ng_ref_attention_masked_bwd(s->dqkvr, s->datty, qkvr, m->doc,
-				    ng_cpu_spr_block_window(cfg, l, m->window), NG_SPR_ATTN_SCALE,
-				    B, T, H, D);
+				    ng_cpu_spr_block_window(cfg, l, m->window), NG_SPR_WINDOW_BLOCK,
+				    NG_SPR_ATTN_SCALE, B, T, H, D);
 	/* value mixing, v_r = a0 v + a1 ve: d(ve) = a1 dv_r, da0 = sum dv_r v, da1 = sum dv_r ve,
 	 * and dv_r becomes dv = a0 dv_r in place (the v part of the rotary's output gradient) */
 	if (ve >= 0)

@@ -20,7 +20,9 @@
  *   z (N, Vp) = rmsnorm(x) @ headw^T;  s = 30 sigmoid(z / (7.5 sqrt(C)))
  *   loss = sum over the N tokens of logsumexp(s) - s[target], over all Vp columns.
  * The attention mask (ng_ref_attention_masked_fwd): causal, within a document (a document starts
- * at each token equal to `bos`), and t - s < ng_cpu_spr_block_window(cfg, l, W) tokens.
+ * at each token equal to `bos`), and s at or after the first key of t's window of
+ * ng_cpu_spr_block_window(cfg, l, W) tokens in whole blocks of NG_SPR_WINDOW_BLOCK
+ * (kernels/window.h: t / 128 - s / 128 < the window's blocks).
  *
  * head_fp8 = 1 simulates the reference's FP8 head instead of the exact product, with
  * xs = sqrt(C) / 448, ws = 24 / 448, gs = 1 / 448 (bf16 roundings are not simulated):

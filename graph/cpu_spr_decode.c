@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "graph/cpu_ops.h"
+#include "kernels/window.h"
 #include "graph/cpu_spr.h"
 #include "graph/cpu_spr_ops.h"
 
@@ -136,7 +137,8 @@ static void attention_branch_(struct ng_cpu_spr_decoder *d, int l, int slot, int
 	size_t row = ((size_t)slot * d->Tmax + (size_t)t) * C;
 	memcpy(d->kcache + row, d->qkvr + C, (size_t)C * sizeof(double));
 	memcpy(d->vcache + row, d->qkvr + 2 * C, (size_t)C * sizeof(double));
-	int lo = t - ng_cpu_spr_block_window(cfg, l, d->window) + 1;
+	int lo = ng_attention_window_first(t, ng_cpu_spr_block_window(cfg, l, d->window),
+					   NG_SPR_WINDOW_BLOCK); /* whole blocks, as in training */
 	if (lo < d->doc_start)
 		lo = d->doc_start;
 	attend_(d, slot, d->qkvr, lo, t);

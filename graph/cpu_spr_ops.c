@@ -21,6 +21,7 @@
 #include "graph/cpu_spr_ops.h"
 
 #include "graph/cpu_ops.h"
+#include "kernels/window.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -234,11 +235,11 @@ void ng_ref_doc_ids(int32_t *doc, const int32_t *tok, int B, int T, int32_t bos)
 }
 
 /* Whether query t of sequence b sees key s under the speedrun mask (cpu_spr_ops.h). */
-static int sees_(const int32_t *doc, int window, int b, int T, int t, int s)
+static int sees_(const int32_t *doc, int window, int block, int b, int T, int t, int s)
 {
 	if (s > t)
 		return 0;
-	if (window > 0 && t - s >= window)
+	if (window > 0 && s < ng_attention_window_first(t, window, block))
 		return 0;
 	if (doc && doc[(size_t)b * T + s] != doc[(size_t)b * T + t])
 		return 0;
@@ -248,13 +249,13 @@ static int sees_(const int32_t *doc, int window, int b, int T, int t, int s)
 /* Softmax probabilities p[0..t] of the masked score row (b, t, h) (0 where masked); returns the
  * natural-log lse of the visible scaled scores. */
 static double masked_row_probs_(double *p, const double *qkv, const int32_t *doc, int window,
-				double scale, int b, int t, int h, int T, int H, int D)
+				int block, double scale, int b, int t, int h, int T, int H, int D)
 {
 	size_t C3 = (size_t)3 * H * D;
 	const double *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * D;
 	double mx = -INFINITY;
 	for (int s = 0; s <= t; s++) {
-		if (!sees_(doc, window, b, T, t, s))
+		if (!sees_(doc, window, block, b, T, t, s))
 			continue;
 		const double *k = qkv + ((size_t)b * T + s) * C3 + (size_t)(H + h) * D;
 		double dot = 0.0;
@@ -266,7 +267,7 @@ static double masked_row_probs_(double *p, const double *qkv, const int32_t *doc
 	}
 	double sum = 0.0;
 	for (int s = 0; s <= t; s++) {
-		if (sees_(doc, window, b, T, t, s)) {
+		if (sees_(doc, window, block, b, T, t, s)) {
 			p[s] = exp(p[s] - mx);
 			sum += p[s];
 		} else {
@@ -279,7 +280,7 @@ static double masked_row_probs_(double *p, const double *qkv, const int32_t *doc
 }
 
 void ng_ref_attention_masked_fwd(double *out, double *lse, const double *qkv, const int32_t *doc,
-				 int window, double scale, int B, int T, int H, int D)
+				 int window, int block, double scale, int B, int T, int H, int D)
 {
 	size_t C3 = (size_t)3 * H * D;
 #pragma omp parallel for schedule(dynamic) \
@@ -292,7 +293,8 @@ void ng_ref_attention_masked_fwd(double *out, double *lse, const double *qkv, co
 		if (!p)
 			continue; /* cannot happen at reference sizes; output left as is */
 		for (int t = 0; t < T; t++) {
-			double l = masked_row_probs_(p, qkv, doc, window, scale, b, t, h, T, H, D);
+			double l = masked_row_probs_(p, qkv, doc, window, block, scale, b, t, h, T,
+						     H, D);
 			if (lse)
 				lse[((size_t)b * H + h) * T + t] = l;
 			double *o = out + (((size_t)b * T + t) * H + h) * D;
@@ -311,8 +313,8 @@ void ng_ref_attention_masked_fwd(double *out, double *lse, const double *qkv, co
 }
 
 void ng_ref_attention_masked_bwd(double *dqkv, const double *dout, const double *qkv,
-				 const int32_t *doc, int window, double scale, int B, int T, int H,
-				 int D)
+				 const int32_t *doc, int window, int block, double scale, int B, int T,
+				 int H, int D)
 {
 	size_t C3 = (size_t)3 * H * D;
 	/* Each (b, h) touches only its own q, k, v columns of dqkv: the parallel loop is
@@ -329,14 +331,14 @@ void ng_ref_attention_masked_bwd(double *dqkv, const double *dout, const double 
 			continue;
 		double *dp = p + T;
 		for (int t = 0; t < T; t++) {
-			masked_row_probs_(p, qkv, doc, window, scale, b, t, h, T, H, D);
+			masked_row_probs_(p, qkv, doc, window, block, scale, b, t, h, T, H, D);
 			const double *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * D;
 			double *dq = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * D;
 			const double *dout_row = dout + (((size_t)b * T + t) * H + h) * D;
 			/* dP[s] = dout . v_s ; dS = P * (dP - sum_s P dP); masked keys skipped */
 			double pdp = 0.0;
 			for (int s = 0; s <= t; s++) {
-				if (!sees_(doc, window, b, T, t, s))
+				if (!sees_(doc, window, block, b, T, t, s))
 					continue;
 				const double *v = seq + s * C3 + vo;
 				double *dv = dseq + s * C3 + vo;
@@ -349,7 +351,7 @@ void ng_ref_attention_masked_bwd(double *dqkv, const double *dout, const double 
 				pdp += p[s] * acc;
 			}
 			for (int s = 0; s <= t; s++) {
-				if (!sees_(doc, window, b, T, t, s))
+				if (!sees_(doc, window, block, b, T, t, s))
 					continue;
 				double ds = p[s] * (dp[s] - pdp) * scale;
 				const double *k = seq + s * C3 + ko;

@@ -135,6 +135,8 @@ struct ng_exec {
 	long long submitted;           /* steps launched */
 	long long collected;           /* steps whose metrics were read */
 	long long start_at;            /* the step whose time counts from `start` */
+	bool restart_timing;           /* an evaluation or a snapshot came since the last step:
+	                                * the next submit records `start` anew */
 	long long step_base;           /* optimizer steps restored from a checkpoint (ring slots) */
 	float *op_ms;                  /* profile: device ms of each train op (n_ops), or NULL */
 	bool profile_replayed;         /* op_ms from graph replays (else eager launches) */

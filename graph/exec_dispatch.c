@@ -38,6 +38,17 @@ static void *pp(const struct ng_exec *e, const struct ng_graph *g, int base, int
 }
 
 
+/* The weight-scale slot of an fp8 matmul: its weight's segment in the kind's block, which for
+ * the speedrun model's attention weights skips the block without attention (see pp). */
+static int fp8_wslot(const struct ng_graph *g, const struct ng_op *op)
+{
+	int layer = op->layer;
+	if (g->cfg.arch == NG_ARCH_SPEEDRUN &&
+	    (op->which == NG_OP_WHICH_QKV || op->which == NG_OP_WHICH_ATTPROJ))
+		layer = ng_spr_attn_slot(&g->cfg, layer);
+	return ng_fp8_slot(g->cfg.L, op->which, layer);
+}
+
 /* A LayerNorm that writes the E4M3 input of the next fp8 matmul (graph/step.h "FP8"): that
  * matmul's slot (LN1 -> qkv, LN2 -> fc, LNF -> head); fp8_state is its last input. */
 static int ln_fp8_slot(const struct ng_graph *g, const struct ng_op *op)
@@ -59,7 +70,8 @@ static float *ln_fp8_field(const struct ng_exec *e, const struct ng_graph *g,
 
 /* --fp8 (graph/step.h "FP8"): roll the activation (E4M3) and gradient (E5M2) scales; cast every
  * fp8 weight matrix with its own current scale, and W^T for the fp8 dinp kinds. At most 18
- * launches whatever the depth: each parameter block's L layers are consecutive segments. */
+ * launches whatever the depth: each parameter block's layers are consecutive segments (the
+ * speedrun model's attention blocks have one fewer than L: fp8_wslot). */
 static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 				   const struct ng_op *op, cudaStream_t s)
 {
@@ -93,7 +105,7 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 	int wanted = (g->fp8 | g->fp8 >> NG_FP8_DINP_SHIFT) & NG_FP8_ALL;
 	for (int i = 0; i < 5 && !st; i++) {
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
-		int nseg = i < 4 ? L : 1;
+		int nseg = i < 4 ? (int)p->shape[0] : 1;
 		if (!(wanted & (1 << i)))
 			continue;
 		st = ng_fp8_amax_seg(w_amax + i * L, pp(e, g, op->in[0], ids[i], 0), p->numel / nseg,
@@ -104,7 +116,7 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 				      0, s);
 	for (int i = 0; i < 5 && !st && !g->recompute_fp8; i++) { /* else each matmul casts */
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
-		int nseg = i < 4 ? L : 1, fwd = g->fp8 & (1 << i);
+		int nseg = i < 4 ? (int)p->shape[0] : 1, fwd = g->fp8 & (1 << i);
 		uint8_t *w8 = fwd ? pp(e, g, g->t_params_fp8, ids[i], 0) : NULL;
 		if (i < 4 && (g->fp8 & (1 << (i + NG_FP8_DINP_SHIFT)))) /* W and W^T, one read */
 			st = ng_fp8_cast_e4m3_wt_seg(w8,
@@ -125,7 +137,8 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 					 const struct ng_op *op, const struct ng_matmul *mm,
 					 const ng_bf16 *inp, void *scratch, cudaStream_t s)
 {
-	const int L = g->cfg.L, slot = ng_fp8_slot(L, op->which, op->layer);
+	const int L = g->cfg.L, slot = ng_fp8_slot(L, op->which, op->layer),
+		  wslot = fp8_wslot(g, op);
 	const int n_in = op->n_in - op->residual; /* the residual comes last */
 	if (slot < 0 || n_in < 4)
 		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 matmul of the step", op->name);
@@ -151,13 +164,13 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 		w8 = (char *)scratch + front;
 		front += ng_fp8_weight_bytes(&g->cfg, op->which);
 		enum ng_status st = ng_fp8_cast_e4m3_seg(
-			w8, w, f + ng_fp8_field_at(L, NG_FP8_W_SCALE) + slot, NULL,
+			w8, w, f + ng_fp8_field_at(L, NG_FP8_W_SCALE) + wslot, NULL,
 			(size_t)mm->spec.OC * ic, 1, s);
 		if (st)
 			return st;
 	}
 	const float *ad = f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot;
-	const float *wd = f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * slot;
+	const float *wd = f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * wslot;
 	const void *bias = op->param[1] >= 0 ? pp(e, g, pb, op->param[1], op->layer) : NULL;
 	if (op->residual)
 		return ng_matmul_run_residual(mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8, bias,
@@ -178,7 +191,7 @@ static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_gra
 	const int L = g->cfg.L, slot = ng_fp8_dinp_slot(L, op->which, op->layer);
 	if (slot < 0 || op->n_in < 4 || (g->t_params_fp8t < 0 && !g->recompute_fp8))
 		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 dinp matmul of the step", op->name);
-	const int wslot = ng_fp8_slot(L, op->which, op->layer), k = op->which - NG_OP_WHICH_QKV;
+	const int wslot = fp8_wslot(g, op), k = op->which - NG_OP_WHICH_QKV;
 	size_t rows = (size_t)op->row_count, oc = (size_t)mm->spec.OC, ic = (size_t)mm->spec.IC;
 	float *f = ng_exec_tensor_(e, g, op->in[op->n_in - 1]);
 	uint8_t *d8 = scratch;
@@ -202,7 +215,7 @@ static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_gra
 			return st;
 	} else {
 		wt = (uint8_t *)ng_exec_tensor_(e, g, op->in[op->n_in - 2]) +
-		     ng_fp8t_at(&g->lay, g->fp8, k) + (size_t)op->layer * ic * oc;
+		     ng_fp8t_at(&g->lay, g->fp8, k) + (size_t)(wslot - k * L) * ic * oc;
 	}
 	return ng_matmul_run_fp8(mm, dinp, d8, wt, NULL,
 				 op->gelu ? ng_exec_tensor_(e, g, op->in[2]) : NULL,

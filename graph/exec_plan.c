@@ -99,7 +99,7 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 			       ng_fp8_input_bytes((size_t)op->row_count,
 						  (size_t)e->plans[plan].spec.OC);
 		return e->plans[plan].mm.workspace_need + w8 +
-		       (op->fp8 && op->n_in < 5 ? ng_fp8_input_bytes((size_t)op->row_count,
+		       (op->fp8 && op->n_in - op->residual < 5 ? ng_fp8_input_bytes((size_t)op->row_count,
 								     (size_t)e->plans[plan].spec.IC)
 						 : 0);
 	}
@@ -271,11 +271,13 @@ static enum ng_status choose_forms(struct ng_exec *e, struct ng_step_options *op
 		opt->fuse_gelu = NG_GELU_FUSE_AUTO | (fwd ? NG_GELU_FUSE_FWD : 0) | bwd;
 	}
 	if (!st && (opt->fp8 & NG_FP8_AUTO) && !opt->deterministic) {
-		int mask = opt->fp8 & NG_FP8_EVERY;
+		/* the speedrun model's FP8 head is its recipe: kept, not timed */
+		int keep = e->cfg.model.arch == NG_ARCH_SPEEDRUN ? opt->fp8 & NG_FP8_HEAD : 0;
+		int mask = opt->fp8 & NG_FP8_EVERY & ~keep;
 		st = ng_exec_choose_fp8_(e, (opt->fuse_gelu & NG_GELU_FUSE_FWD) != 0,
 					 (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,
 					 e->train.head_chunk_rows, rep->fp8_ms, &mask);
-		opt->fp8 = mask | NG_FP8_AUTO;
+		opt->fp8 = mask | keep | NG_FP8_AUTO;
 	}
 	if (!st && !opt->deterministic &&
 	    ((opt->fuse_gelu & NG_GELU_FUSE_AUTO) || (opt->fp8 & NG_FP8_AUTO))) {

@@ -32,8 +32,15 @@ enum ng_status ng_exec_submit(struct ng_exec *e)
 		return ng_fail(NG_ERR_RUNTIME, "metrics ring overrun: %lld steps not collected",
 			       e->submitted - e->collected);
 	enum ng_status st;
-	if (e->submitted == 0 && NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream)))
-		return NG_ERR_RUNTIME;
+	/* the first step's time, and the first after an evaluation or a checkpoint's snapshot
+	 * (with everything collected), counts from here: it leaves those and the host's work
+	 * between them out */
+	if (e->submitted == 0 || (e->restart_timing && e->collected == e->submitted)) {
+		if (NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream)))
+			return NG_ERR_RUNTIME;
+		e->start_at = e->submitted;
+	}
+	e->restart_timing = false;
 	if (e->cfg.model.arch == NG_ARCH_SPEEDRUN) { /* the variant of this step's window */
 		int step = (int)(e->step_base + e->submitted);
 		e->spr_variant = ng_spr_window_blocks(step, e->cfg.sched.total) - 1;
@@ -97,12 +104,7 @@ enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, doubl
 						   cudaMemcpyDeviceToHost, e->stream));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
-	/* every step is collected (the loop drains before it validates): the next step's time
-	 * counts from here, so that it leaves the evaluation out */
-	if (!st && e->submitted > 0 && e->collected == e->submitted) {
-		st = NG_CUDA_CHECK(cudaEventRecord(e->start, e->stream));
-		e->start_at = e->submitted;
-	}
+	e->restart_timing = true; /* the next step's time leaves the evaluation out */
 	*loss = l;
 	return st;
 }

@@ -158,11 +158,11 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 		if (!st)
 			st = ng_attention_lower_bound(lo, T_(op->in[0]), win,
 						      e->att_band[NG_EXEC_SPR_BANDS - 1].max_window,
-						      B, T, c->V - 1, s);
+						      NG_SPR_WINDOW_BLOCK, B, T, c->V - 1, s);
 		if (!st)
 			st = ng_attention_lower_bound(lo + (size_t)N, T_(op->in[0]), win + 1,
 						      e->att_band[NG_EXEC_SPR_BANDS / 2 - 1].max_window,
-						      B, T, c->V - 1, s);
+						      NG_SPR_WINDOW_BLOCK, B, T, c->V - 1, s);
 		return st;
 	}
 	case NG_OP_EMBED_FWD: {

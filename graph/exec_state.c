@@ -208,6 +208,7 @@ enum ng_status ng_exec_snapshot(struct ng_exec *e, float *params, float *m, floa
 	}
 	*step = ss.step;
 	*n_skipped = ss.n_skipped;
+	e->restart_timing = true; /* the next step's time leaves the checkpoint out */
 	return st;
 }
 

@@ -389,10 +389,11 @@ enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd
 					    .autotune = e->cfg.autotune };
 		ng_linear_dims(m, w, &s.IC, &s.OC);
 		s.N = w == NG_OP_WHICH_HEAD ? head_rows : e->cfg.B * e->cfg.T;
-		s.bias = !dinp && w != NG_OP_WHICH_HEAD;
+		const int spr = m->arch == NG_ARCH_SPEEDRUN; /* bias-free; its norms cast nothing */
+		s.bias = !dinp && w != NG_OP_WHICH_HEAD && !spr;
 		s.gelu = dinp ? w == NG_OP_WHICH_FCPROJ && fuse_bwd : w == NG_OP_WHICH_FC && fuse_fwd;
 		/* a LayerNorm writes the E4M3 input of these (1 more byte an element): no cast */
-		int cast = dinp || (w == NG_OP_WHICH_ATTPROJ || w == NG_OP_WHICH_FCPROJ);
+		int cast = dinp || spr || (w == NG_OP_WHICH_ATTPROJ || w == NG_OP_WHICH_FCPROJ);
 		int plan[2] = { 0, 0 };
 		st = ng_exec_plan_spec_(e, s, &plan[0]);
 		s.fp8 = 1;

@@ -48,7 +48,7 @@ static enum ng_status attention_branch_(struct ng_sampler *s, int l, int slot)
 	if (!r)
 		r = ng_decode_attention_masked(s->att, kc, vc, s->qkv, s->pos, s->doc_start,
 					       ng_cpu_spr_block_window(m, l, s->window),
-					       NG_SPR_ATTN_SCALE, m->H, D, T, st);
+					       NG_SPR_WINDOW_BLOCK, NG_SPR_ATTN_SCALE, m->H, D, T, st);
 	if (!r)
 		r = ng_decode_gemv(s->x, slice_(s, NG_P_ATTPROJW, slot), NULL, s->att, C, C,
 				   NG_DECODE_ACT_NONE, 1, st);

@@ -244,6 +244,20 @@ size_t ng_bld_fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8)
 	return ng_fp8_input_bytes((size_t)op->row_count, ic) + w8;
 }
 
+size_t ng_bld_fp8_dinp(struct ng_bld *b, struct ng_op *op)
+{
+	struct ng_graph *g = b->g;
+	if (!(g->fp8 & ng_fp8_dinp_bit(op->which)))
+		return 0;
+	op->fp8 = 1;
+	op->in[op->n_in++] = g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8t;
+	op->in[op->n_in++] = g->t_fp8_state;
+	int ic, oc;
+	ng_linear_dims(&g->cfg, op->which, &ic, &oc);
+	return ng_fp8_input_bytes((size_t)op->row_count, (size_t)oc) + /* dout is (N, OC) */
+	       (g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, op->which) : 0);
+}
+
 void ng_bld_fp8_prep(struct ng_bld *b)
 {
 	struct ng_graph *g = b->g;
@@ -472,16 +486,7 @@ static void matmul_dinp(struct ng_bld *b, enum ng_op_which w, int l, int dout, i
 		      : mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16), OUT(dinp));
 	op.gelu = aux >= 0;
 	op.row_count = (int)b->N;
-	size_t d8 = 0; /* --fp8 dinp: dout's E5M2 copy at the front of the scratch */
-	if (g->fp8 & ng_fp8_dinp_bit(w)) {
-		op.fp8 = 1;
-		op.in[op.n_in++] = g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8t;
-		op.in[op.n_in++] = g->t_fp8_state;
-		int ic, oc;
-		ng_linear_dims(&g->cfg, w, &ic, &oc);
-		d8 = ng_fp8_input_bytes(b->N, (size_t)oc) + /* dout is (N, OC); W^T cast here too */
-		     (g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, w) : 0);
-	}
+	size_t d8 = ng_bld_fp8_dinp(b, &op);
 	emit_p(b, op, b->ws.matmul + d8);
 }
 

@@ -49,11 +49,13 @@ static void mm_fwd(struct ng_bld *b, enum ng_op_which w, int l, int param, int i
 	struct ng_op op = ng_bld_mk(NG_OP_MATMUL_FWD, w, l, IN(inp, g->t_params_bf16), OUT(out));
 	op.row_count = (int)b->N;
 	op.param[0] = param;
-	if (resid >= 0) {
+	/* --fp8: E4M3 operands, the input cast in front of the scratch */
+	size_t in8 = ng_bld_fp8_in(b, &op, w == NG_OP_WHICH_FCPROJ ? 4 * b->C : b->C, -1);
+	if (resid >= 0) { /* last, after the fp8 inputs */
 		op.residual = 1;
 		op.in[op.n_in++] = resid;
 	}
-	emit(b, op, b->ws.matmul);
+	emit(b, op, b->ws.matmul + in8);
 }
 
 /* dW (grads +=, or = for the step's first writer) then dinp of a bias-free matmul. */
@@ -68,7 +70,7 @@ static void mm_bwd(struct ng_bld *b, enum ng_op_which w, int l, int param, int d
 	op = ng_bld_mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16), OUT(dinp));
 	op.row_count = (int)b->N;
 	op.param[0] = param;
-	emit(b, op, b->ws.matmul);
+	emit(b, op, b->ws.matmul + ng_bld_fp8_dinp(b, &op));
 }
 
 static int rmsnorm_fwd(struct ng_bld *b, enum ng_op_which w, int l, int x, int *rstd,
@@ -375,19 +377,23 @@ static enum ng_status spr_begin(struct ng_bld *b, struct ng_graph *g, enum ng_gr
 				const struct ng_gpt_config *cfg, int B, int T, int K,
 				const struct ng_step_options *opt, struct spr_fwd *f)
 {
-	if (opt && (opt->fp8 & NG_FP8_EVERY & ~NG_FP8_HEAD))
-		return ng_fail(NG_ERR_INPUT, "--fp8 is for the GPT-2 family; the speedrun model's "
-			       "FP8 head is its own");
-	if (opt && (opt->recompute_gelu || opt->recompute_layernorm || opt->recompute_auto))
-		return ng_fail(NG_ERR_INPUT, "--recompute is for the GPT-2 family");
+	if (opt && (opt->recompute_gelu || opt->recompute_layernorm || opt->recompute_auto)) {
+		ng_fail(NG_ERR_INPUT, "--recompute gelu, layernorm and auto are for the GPT-2 "
+			"family");
+		ng_hint("the speedrun model recomputes only the E4M3 weights: --fp8 --recompute "
+			"fp8");
+		return NG_ERR_INPUT;
+	}
 	struct ng_step_options o;
 	if (opt)
 		o = *opt;
 	else
 		ng_step_default_options(&o);
 	o.fuse_gelu = 0; /* relu^2 is its own op */
-	o.fp8 &= NG_FP8_HEAD; /* the head's forward or nothing, never timed (no AUTO) */
-	o.recompute_fp8 = 0;
+	/* --fp8: the layer matmuls as GPT-2's (graph/step.h "FP8"), their inputs cast by the
+	 * matmul itself; the head's forward is FP8 by default (NG_FP8_HEAD alone) */
+	if (!(o.fp8 & NG_FP8_EVERY & ~NG_FP8_HEAD))
+		o.recompute_fp8 = 0;
 	enum ng_status st = ng_bld_begin(b, g, kind, cfg, B, T, K, &o);
 	if (st)
 		return st;

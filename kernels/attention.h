@@ -43,6 +43,7 @@
 #include <cudnn.h>
 
 #include "kernels/types.h"
+#include "kernels/window.h"
 #include "util/status.h"
 
 #ifdef __cplusplus
@@ -156,16 +157,17 @@ enum ng_status ng_attention_bwd_masked(const struct ng_attention *att, ng_bf16 *
 void ng_attention_free(struct ng_attention *att);
 
 /* lo (B, T) int32 = the first key each query may see (kernels/attention_mask.cu):
- *     lo[b, t] = max(start, t - w + 1),
+ *     lo[b, t] = max(start, ng_attention_window_first(t, w, block)),
  * start = the last position p <= t with tok[b, p] == bos (0 when there is none, or tok NULL),
  * w = *window (device int32, read when the kernel runs; <= 0 or window NULL: no window), capped
- * at max_window when max_window > 0 (the plan's band, so every backend sees the same mask).
+ * at max_window when max_window > 0 (the plan's band, so every backend sees the same mask);
+ * block >= 1 the window's granularity (the speedrun's 128: its reference's block window).
  * One block per sequence scans its BOS positions; exact integer maxima, so deterministic. */
 enum ng_status ng_attention_lower_bound(int32_t *lo,           /* (B, T) int32, = */
 					const int32_t *tok,    /* (B, T) int32 (or NULL) */
 					const int32_t *window, /* device scalar (or NULL) */
-					int max_window, int B, int T, int32_t bos,
-					cudaStream_t s);
+					int max_window, int block, int B, int T,
+					int32_t bos, cudaStream_t s);
 
 /* The mask and scale of the plain CUDA kernels: keys max(0, t - w + 1, lo[b, t]) .. t, with
  * w = window, or min(*window_dev, window) when window_dev is set and *window_dev > 0. */

@@ -1,7 +1,9 @@
 /*
  * kernels/attention_mask.cu — the per-query lower bound of the speedrun model's attention mask
- * (kernels/attention.h): lo[b, t] = max(start of t's document, t - w + 1), the first key query
- * t may see, from the step's tokens and a device window w. It is the device input that lets the
+ * (kernels/attention.h): lo[b, t] = max(start of t's document, the first key of t's window),
+ * the first key query t may see, from the step's tokens, a device window w and the window's
+ * granularity (1: the last w tokens; the speedrun's 128: w / 128 blocks of 128 tokens, the
+ * query's own block included; ng_attention_window_first). It is the device input that lets the
  * window change every step inside one captured graph, and that carries the documents into both
  * attention backends.
  *
@@ -23,7 +25,7 @@
 /* grid: B blocks of LB_THREADS; block b writes row b of lo. */
 static __global__ void __launch_bounds__(LB_THREADS)
 	lower_bound_row_scan(int32_t *lo, const int32_t *tok, const int32_t *window, int max_window,
-			     int T, int32_t bos)
+			     int block, int T, int32_t bos)
 {
 	__shared__ int warp_max[LB_THREADS / NG_WARP];
 	int lane = threadIdx.x % NG_WARP, warp = threadIdx.x / NG_WARP;
@@ -57,20 +59,21 @@ static __global__ void __launch_bounds__(LB_THREADS)
 			v = max(v, warp_max[warp - 1]);
 		v = max(v, carry);
 		if (t < T)
-			lo[row + t] = w > 0 ? max(v, t - w + 1) : v;
+			lo[row + t] = w > 0 ? max(v, ng_attention_window_first(t, w, block)) : v;
 		carry = max(carry, warp_max[LB_THREADS / NG_WARP - 1]);
 		__syncthreads(); /* every thread has read warp_max before the next tile writes it */
 	}
 }
 
 extern "C" enum ng_status ng_attention_lower_bound(int32_t *lo, const int32_t *tok,
-						   const int32_t *window, int max_window, int B,
-						   int T, int32_t bos, cudaStream_t s)
+						   const int32_t *window, int max_window, int block,
+						   int B, int T, int32_t bos, cudaStream_t s)
 {
-	if (!lo || B <= 0 || T <= 0 || max_window < 0)
+	if (!lo || B <= 0 || T <= 0 || max_window < 0 || block < 1)
 		return ng_check_arg_fail("ng_attention_lower_bound",
-					 "need lo, B > 0, T > 0 and max_window >= 0, got lo %p B=%d "
-					 "T=%d max_window=%d", (void *)lo, B, T, max_window);
-	lower_bound_row_scan<<<B, LB_THREADS, 0, s>>>(lo, tok, window, max_window, T, bos);
+					 "need lo, B > 0, T > 0, max_window >= 0 and block >= 1, got "
+					 "lo %p B=%d T=%d max_window=%d block=%d", (void *)lo, B, T,
+					 max_window, block);
+	lower_bound_row_scan<<<B, LB_THREADS, 0, s>>>(lo, tok, window, max_window, block, T, bos);
 	return NG_LAUNCH_CHECK("lower_bound_row_scan");
 }

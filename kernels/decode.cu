@@ -10,6 +10,7 @@
  */
 #include "kernels/common.cuh"
 #include "kernels/decode.h"
+#include "kernels/window.h"
 
 #define DECODE_THREADS 256
 
@@ -79,20 +80,21 @@ static __global__ void gemv_warp_per_row(float *out, const __nv_bfloat16 *W,
 }
 
 /* One block per head; dynamic shared memory: D (q) + span (scores) floats, span the most keys a
- * query sees. The query at p sees keys [lo, p]: lo = 0 for GPT-2; max(*doc_start, p - window
- * + 1) for the speedrun model (doc_start NULL: 0; window <= 0: no window). scale <= 0 stands
- * for 1 / sqrt(D), computed here in fp32. */
+ * query sees. The query at p sees keys [lo, p]: lo = 0 for GPT-2; max(*doc_start,
+ * ng_attention_window_first(p, window, block)) for the speedrun model (doc_start NULL: 0;
+ * window <= 0: no window; kernels/decode.h). scale <= 0 stands for 1 / sqrt(D), computed here
+ * in fp32. */
 static __global__ void attention_over_cache(float *out, float *kc, float *vc, const float *qkv,
 					    const int *pos, const int *doc_start, int window,
-					    float scale, int H, int D)
+					    int block, float scale, int H, int D)
 {
 	extern __shared__ float smem[];
 	__shared__ float sh[32];
 	float *q = smem, *sc = smem + D;
 	int h = blockIdx.x, C = H * D, p = *pos;
 	int lo = doc_start ? *doc_start : 0;
-	if (window > 0 && p - window + 1 > lo)
-		lo = p - window + 1;
+	if (window > 0 && ng_attention_window_first(p, window, block) > lo)
+		lo = ng_attention_window_first(p, window, block);
 	for (int d = threadIdx.x; d < D; d += blockDim.x) {
 		q[d] = qkv[h * D + d];
 		kc[(size_t)p * C + h * D + d] = qkv[C + h * D + d];
@@ -293,17 +295,20 @@ extern "C" enum ng_status ng_decode_gemv(float *out, const ng_bf16 *W, const ng_
 /* The launch of attention_over_cache for both entries; span = the most keys a query sees. */
 static enum ng_status attention_launch(const char *who, float *out, float *kcache,
 				       float *vcache, const float *qkv, const int *pos,
-				       const int *doc_start, int window, float scale, int H, int D,
-				       int Tmax, cudaStream_t s)
+				       const int *doc_start, int window, int block, float scale,
+				       int H, int D, int Tmax, cudaStream_t s)
 {
-	int span = window > 0 && window < Tmax ? window : Tmax;
+	/* the most keys a window lets a query see: its whole blocks (one at least) */
+	int reach = window > 0 && block >= 1 ? (window / block > 0 ? window / block : 1) * block
+					     : Tmax;
+	int span = reach < Tmax ? reach : Tmax;
 	size_t smem = (size_t)(D + span) * sizeof(float);
-	if (H <= 0 || D <= 0 || D > 256 || Tmax <= 0 || smem > 48 * 1024)
-		return ng_check_arg_fail(who, "H = %d, D = %d (<= 256), Tmax = %d, window %d (D + "
-					 "min(window, Tmax) floats must fit 48 KiB of shared "
-					 "memory)", H, D, Tmax, window);
+	if (H <= 0 || D <= 0 || D > 256 || Tmax <= 0 || block < 1 || smem > 48 * 1024)
+		return ng_check_arg_fail(who, "H = %d, D = %d (<= 256), Tmax = %d, window %d, block "
+					 "%d (>= 1; D + min(the window's whole blocks, Tmax) floats must "
+					 "fit 48 KiB of shared memory)", H, D, Tmax, window, block);
 	attention_over_cache<<<H, 128, smem, s>>>(out, kcache, vcache, qkv, pos, doc_start, window,
-						   scale, H, D);
+						   block, scale, H, D);
 	return NG_LAUNCH_CHECK("attention_over_cache");
 }
 
@@ -311,20 +316,21 @@ extern "C" enum ng_status ng_decode_attention(float *out, float *kcache, float *
 					      const float *qkv, const int *pos, int H, int D,
 					      int Tmax, cudaStream_t s)
 {
-	return attention_launch("ng_decode_attention", out, kcache, vcache, qkv, pos, NULL, 0, 0.0f,
-				H, D, Tmax, s);
+	return attention_launch("ng_decode_attention", out, kcache, vcache, qkv, pos, NULL, 0, 1,
+				0.0f, H, D, Tmax, s);
 }
 
 extern "C" enum ng_status ng_decode_attention_masked(float *out, float *kcache, float *vcache,
 						     const float *qkv, const int *pos,
-						     const int *doc_start, int window, float scale,
-						     int H, int D, int Tmax, cudaStream_t s)
+						     const int *doc_start, int window, int block,
+						     float scale, int H, int D, int Tmax,
+						     cudaStream_t s)
 {
 	if (!(scale > 0.0f))
 		return ng_check_arg_fail("ng_decode_attention_masked", "scale %g must be > 0",
 					 (double)scale);
 	return attention_launch("ng_decode_attention_masked", out, kcache, vcache, qkv, pos,
-				doc_start, window, scale, H, D, Tmax, s);
+				doc_start, window, block, scale, H, D, Tmax, s);
 }
 
 extern "C" enum ng_status ng_decode_sample(int32_t *tokens, int *pos, const int *n_prompt,

@@ -62,17 +62,19 @@ enum ng_status ng_decode_attention(float *out,         /* (C) fp32, = */
 				   int H, int D, int Tmax, cudaStream_t s);
 
 /* ng_decode_attention with the speedrun model's mask and scale: the query at p = *pos sees the
- * cache rows [lo, p], lo = max(*doc_start, p - window + 1) (doc_start NULL: 0; window <= 0: no
- * window), with scores scale * q_h . K_h. The cache rows of p get k and v of qkv as there.
- * Shared memory: D + min(window, Tmax) floats (window <= 0: D + Tmax), at most 48 KiB. */
+ * cache rows [lo, p], lo = max(*doc_start, ng_attention_window_first(p, window, block))
+ * (kernels/attention.h; doc_start NULL: 0; window <= 0: no window; block >= 1 the window's
+ * granularity: 1, the last `window` tokens; the speedrun's 128, its reference's block window), with scores scale * q_h . K_h. The cache rows of p get k and v of qkv as there.
+ * Shared memory: D + min(the window in whole blocks, at least one, Tmax) floats (window <= 0:
+ * D + Tmax), at most 48 KiB. */
 enum ng_status ng_decode_attention_masked(float *out,           /* (C) fp32, = */
 					  float *kcache,        /* (Tmax, C) fp32, row *pos = */
 					  float *vcache,        /* (Tmax, C) fp32, row *pos = */
 					  const float *qkv,     /* (3C) fp32: [q | k | v] */
 					  const int *pos,       /* device scalar */
 					  const int *doc_start, /* device scalar, or NULL */
-					  int window, float scale, int H, int D, int Tmax,
-					  cudaStream_t s);
+					  int window, int block, float scale, int H, int D,
+					  int Tmax, cudaStream_t s);
 
 /* Next token: when *pos + 1 >= *n_prompt, tokens[*pos + 1] = a draw from softmax(logits[0..V)
  * / temperature) restricted to the top_k largest (top_k 0: all V; temperature <= 0: argmax),

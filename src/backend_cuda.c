@@ -172,6 +172,8 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	/* the speedrun model's head is FP8 as its reference's (on GPUs that have it: exec.c) */
 	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && !o->fp8 && !o->head_bf16)
 		c->step.fp8 = NG_FP8_HEAD;
+	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && o->head_bf16)
+		c->step.fp8 &= ~NG_FP8_HEAD; /* --fp8 --head-bf16: the layers only */
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
 	c->step.muon = ng_train_is_muon(o);

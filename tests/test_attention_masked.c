@@ -45,6 +45,7 @@ struct mcase {
 	int window;        /* the device window (tokens, 0: none) */
 	int docs;          /* BOS tokens placed at random in each sequence */
 	int lo_before;     /* 1: cuDNN graphs select lo before the causal mask only */
+	int block;         /* lo's window granularity (0 or 1: tokens; the model's 128: blocks) */
 };
 
 /* The window the lower-bound kernel applies: the device window capped at the band. */
@@ -67,8 +68,18 @@ static int effective_window(const struct mcase *c)
 	return w;
 }
 
-/* The CPU lower bound: lo[b, t] = max(last BOS position <= t (0: none), t - w + 1). */
-static void cpu_lower_bound(int32_t *lo, const int32_t *tok, int w, int B, int T)
+/* The granularity of the case's window: blocks only where lo carries the window. A block case
+ * keeps its window a multiple of the block and the band at least as wide, so that the whole
+ * mask is the block window (kernels/window.h). */
+static int effective_block(const struct mcase *c)
+{
+	return c->lower_bound && c->block > 1 ? c->block : 1;
+}
+
+/* The CPU lower bound: lo[b, t] = max(last BOS position <= t (0: none), the window's first
+ * key): t - w + 1 in tokens (block 1), else the start of the block n - 1 blocks before t's, n =
+ * max(1, w / block). */
+static void cpu_lower_bound(int32_t *lo, const int32_t *tok, int w, int block, int B, int T)
 {
 	for (int b = 0; b < B; b++) {
 		int start = 0;
@@ -76,8 +87,10 @@ static void cpu_lower_bound(int32_t *lo, const int32_t *tok, int w, int B, int T
 			if (tok && tok[(size_t)b * T + t] == NG_SPR_BOS)
 				start = t;
 			int l = start;
-			if (w > 0 && t - w + 1 > l)
-				l = t - w + 1;
+			int n = w / block > 0 ? w / block : 1;
+			int first = block == 1 ? t - w + 1 : t - t % block - (n - 1) * block;
+			if (w > 0 && first > l)
+				l = first;
 			lo[(size_t)b * T + t] = l;
 		}
 	}
@@ -98,11 +111,12 @@ static void make_tokens(int32_t *tok, int B, int T, int docs, struct ng_rng *r)
 
 static void case_name(char *ctx, size_t n, const struct mcase *c, uint64_t seed)
 {
-	snprintf(ctx, n, "[%s%s B=%d H=%d T=%d D=%d scale=%g band=%d%s lo=%d%s window=%d docs=%d "
-		 "seed=%llu]", c->naive ? "naive" : "cuDNN", c->deterministic ? " deterministic" : "",
-		 c->B, c->H, c->T, c->D, (double)c->scale, c->max_window,
-		 c->band_dev ? " (device)" : "", c->lower_bound, c->lo_before ? " (first)" : "",
-		 c->window, c->docs, (unsigned long long)seed);
+	snprintf(ctx, n, "[%s%s B=%d H=%d T=%d D=%d scale=%g band=%d%s lo=%d%s window=%d block=%d "
+		 "docs=%d seed=%llu]", c->naive ? "naive" : "cuDNN",
+		 c->deterministic ? " deterministic" : "", c->B, c->H, c->T, c->D, (double)c->scale,
+		 c->max_window, c->band_dev ? " (device)" : "", c->lower_bound,
+		 c->lo_before ? " (first)" : "", c->window, effective_block(c), c->docs,
+		 (unsigned long long)seed);
 }
 
 static void plan_case(const struct mcase *c, const char *ctx, cudnnHandle_t *h,
@@ -126,6 +140,7 @@ struct mdev {
 	float *lse;
 	int32_t *tok, *lo, *window;
 	void *wsf, *wsb;
+	int block; /* lo's window granularity */
 };
 
 static void mdev_alloc(struct mdev *d, const struct ng_attention *att, const ng_bf16 *qkv,
@@ -156,8 +171,8 @@ static void mdev_free(struct mdev *d)
 static void mrun_step(const struct ng_attention *att, struct mdev *d, cudaStream_t s)
 {
 	if (att->lower_bound)
-		kt_ok(ng_attention_lower_bound(d->lo, d->tok, d->window, att->max_window, att->B,
-					       att->T, NG_SPR_BOS, s),
+		kt_ok(ng_attention_lower_bound(d->lo, d->tok, d->window, att->max_window, d->block,
+					       att->B, att->T, NG_SPR_BOS, s),
 		      "ng_attention_lower_bound");
 	kt_ok(ng_attention_fwd_masked(att, d->out, d->lse, d->qkv, d->lo, d->window, d->wsf, s),
 	      "ng_attention_fwd_masked");
@@ -188,9 +203,13 @@ ParameterizedTestParameters(attention_masked, matches_reference)
 		  .window = 1, .docs = 1 },
 		{ .B = 8, .H = 2, .T = 130, .D = 40, .naive = 1, .scale = 0.12f, .max_window = 128,
 		  .lower_bound = 1, .window = 128, .docs = 2 },
+		{ .B = 2, .H = 2, .T = 300, .D = 64, .naive = 1, .scale = 0.12f, .max_window = 96,
+		  .lower_bound = 1, .band_dev = 1, .window = 96, .docs = 3, .block = 32 },
 		/* cuDNN where it takes the graph (else its fallback) */
 		{ .B = 1, .H = 6, .T = 1024, .D = 128, .scale = 0.12f, .max_window = 256,
 		  .lower_bound = 1, .window = 256, .docs = 6 },
+		{ .B = 1, .H = 6, .T = 1024, .D = 128, .scale = 0.12f, .max_window = 384,
+		  .lower_bound = 1, .band_dev = 1, .window = 256, .docs = 4, .block = 128 },
 		{ .B = 2, .H = 2, .T = 1000, .D = 128, .scale = 0.12f, .max_window = 128,
 		  .lower_bound = 1, .window = 100, .docs = 3 },
 		{ .B = 2, .H = 2, .T = 512, .D = 64, .scale = 0.12f, .max_window = 128 },
@@ -238,6 +257,7 @@ ParameterizedTest(struct mcase *c, attention_masked, matches_reference, .timeout
 
 	struct mdev d;
 	mdev_alloc(&d, &att, qkv, dout, tok, c->window);
+	d.block = effective_block(c);
 	mrun_step(&att, &d, 0);
 	ng_bf16 *out = kt_xmalloc(n_o * 2), *dqkv = kt_xmalloc(n_qkv * 2);
 	float *lse = kt_xmalloc(n_l * 4);
@@ -246,14 +266,14 @@ ParameterizedTest(struct mcase *c, attention_masked, matches_reference, .timeout
 	kt_download(dqkv, d.dqkv, n_qkv * 2);
 
 	/* fp64 reference and the naive bf16 witness, from the same bf16 inputs and tokens */
-	int w = effective_window(c);
+	int w = effective_window(c), blk = effective_block(c);
 	ng_ref_doc_ids(doc, tok, B, T, NG_SPR_BOS);
-	cpu_lower_bound(first, c->lower_bound ? tok : NULL, w, B, T);
+	cpu_lower_bound(first, c->lower_bound ? tok : NULL, w, blk, B, T);
 	double *out_r = kt_xmalloc(n_o * 8), *lse_r = kt_xmalloc(n_l * 8);
 	double *dqkv_r = calloc(n_qkv, 8);
-	ng_ref_attention_masked_fwd(out_r, lse_r, qkv_d, c->lower_bound ? doc : NULL, w, att.scale,
-				    B, T, H, D);
-	ng_ref_attention_masked_bwd(dqkv_r, dout_d, qkv_d, c->lower_bound ? doc : NULL, w,
+	ng_ref_attention_masked_fwd(out_r, lse_r, qkv_d, c->lower_bound ? doc : NULL, w, blk,
+				    att.scale, B, T, H, D);
+	ng_ref_attention_masked_bwd(dqkv_r, dout_d, qkv_d, c->lower_bound ? doc : NULL, w, blk,
 				    att.scale, B, T, H, D);
 	float *qkv_f = kt_xmalloc(n_qkv * 4), *dout_f = kt_xmalloc(n_o * 4);
 	float *out_l = kt_xmalloc(n_o * 4), *lse_l = kt_xmalloc(n_l * 4);
@@ -308,24 +328,26 @@ ParameterizedTest(struct lbcase *c, attention_masked, lower_bound_matches_cpu)
 	int windows[] = {-1, 0, 1, 7, 128, 1792, c->T + 5};
 	for (int wi = 0; wi < 7; wi++)
 		for (int band = 0; band <= 128; band += 128)
-			for (int with_tok = 0; with_tok < 2; with_tok++) {
+			for (int k = 0; k < 4; k++) {
+				int with_tok = k % 2, block = k < 2 ? 1 : 128;
 				int w = windows[wi];
 				kt_cuda(cudaMemcpy(d_w, &w, 4, cudaMemcpyHostToDevice), "window");
 				kt_cuda(cudaMemset(d_lo, 0xff, n * 4), "cudaMemset");
 				kt_ok(ng_attention_lower_bound(d_lo, with_tok ? d_tok : NULL,
-							       w < 0 ? NULL : d_w, band, c->B, c->T,
-							       NG_SPR_BOS, 0),
+							       w < 0 ? NULL : d_w, band, block, c->B,
+							       c->T, NG_SPR_BOS, 0),
 				      "ng_attention_lower_bound");
 				kt_download(got, d_lo, n * 4);
 				cpu_lower_bound(want, with_tok ? tok : NULL,
-						lo_window(w < 0 ? 0 : w, band), c->B, c->T);
+						lo_window(w < 0 ? 0 : w, band), block, c->B, c->T);
 				size_t bad = n;
 				for (size_t i = 0; i < n && bad == n; i++)
 					if (got[i] != want[i])
 						bad = i;
 				cr_expect(bad == n,
-					  "B=%d T=%d docs=%d window=%d band=%d tok=%d: lo[%zu] = %d, "
-					  "want %d; seed %llu", c->B, c->T, c->docs, w, band, with_tok,
+					  "B=%d T=%d docs=%d window=%d band=%d block=%d tok=%d: lo[%zu] "
+					  "= %d, want %d; seed %llu", c->B, c->T, c->docs, w, band, block,
+					  with_tok,
 					  bad, bad < n ? got[bad] : 0, bad < n ? want[bad] : 0,
 					  (unsigned long long)seed);
 			}
@@ -392,6 +414,7 @@ ParameterizedTest(struct mcase *c, attention_masked, graph_replay_equals_eager, 
 	make_tokens(tok, c->B, c->T, c->docs, &rng);
 	struct mdev d;
 	mdev_alloc(&d, &att, qkv, dout, tok, c->window);
+	d.block = effective_block(c);
 	cudaStream_t s;
 	kt_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
 
@@ -452,6 +475,9 @@ Test(attention_masked, witness_follows_reference_mask)
 		{ .B = 1, .H = 1, .T = 150, .D = 8, .max_window = 100, .band_dev = 1, .window = 30 },
 		{ .B = 3, .H = 1, .T = 64, .D = 8, .max_window = 16, .lower_bound = 1, .window = 500,
 		  .docs = 2 },
+		{ .B = 2, .H = 1, .T = 200, .D = 8, .max_window = 64, .lower_bound = 1,
+		  .band_dev = 1, .window = 48, .docs = 3, .block = 16 },
+		{ .B = 1, .H = 1, .T = 130, .D = 8, .lower_bound = 1, .window = 32, .block = 16 },
 	};
 	uint64_t seed = kt_seed();
 	struct ng_rng rng;
@@ -476,13 +502,13 @@ Test(attention_masked, witness_follows_reference_mask)
 		for (size_t i = 0; i < n_o; i++)
 			dout_f[i] = (float)dout_d[i];
 		make_tokens(tok, B, T, c->docs, &rng);
-		int w = effective_window(c);
+		int w = effective_window(c), blk = effective_block(c);
 		ng_ref_doc_ids(doc, tok, B, T, NG_SPR_BOS);
-		cpu_lower_bound(first, c->lower_bound ? tok : NULL, w, B, T);
-		ng_ref_attention_masked_fwd(out_r, lse_r, qkv_d, c->lower_bound ? doc : NULL, w, 0.12,
-					    B, T, H, D);
-		ng_ref_attention_masked_bwd(dqkv_r, dout_d, qkv_d, c->lower_bound ? doc : NULL, w,
+		cpu_lower_bound(first, c->lower_bound ? tok : NULL, w, blk, B, T);
+		ng_ref_attention_masked_fwd(out_r, lse_r, qkv_d, c->lower_bound ? doc : NULL, w, blk,
 					    0.12, B, T, H, D);
+		ng_ref_attention_masked_bwd(dqkv_r, dout_d, qkv_d, c->lower_bound ? doc : NULL, w,
+					    blk, 0.12, B, T, H, D);
 		at_lowp_attention(out_l, lse_l, dqkv_l, qkv_f, dout_f, first, 0.12f, B, H, T, D);
 		struct at_err eo = at_compare(out_l, out_r, n_o), el = at_compare(lse_l, lse_r, n_l);
 		struct at_err eg = at_compare(dqkv_l, dqkv_r, n_qkv);
@@ -557,9 +583,13 @@ Test(attention_masked, calls_need_their_mask_inputs)
 	ng_clear_error();
 	cr_expect_eq(ng_attention_fwd(&att, NULL, NULL, NULL, NULL, 0), NG_ERR_INPUT);
 	ng_clear_error();
-	cr_expect_eq(ng_attention_lower_bound(fake, NULL, NULL, 0, 0, 4, NG_SPR_BOS, 0),
+	cr_expect_eq(ng_attention_lower_bound(fake, NULL, NULL, 0, 1, 0, 4, NG_SPR_BOS, 0),
 		     NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "B=0"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_attention_lower_bound(fake, NULL, NULL, 0, 0, 1, 4, NG_SPR_BOS, 0),
+		     NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "block=0"), "%s", ng_error_message());
 	ng_clear_error();
 	ng_attention_free(&att);
 }

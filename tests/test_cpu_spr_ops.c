@@ -254,13 +254,13 @@ Test(cpu_spr_ops, doc_ids_count_bos)
 }
 
 /* ---- masked attention ---- */
-struct matt_ctx { double *out, *lse, *qkv, *R; const int32_t *doc; int window; double scale;
-		  int B, T, H, D; };
+struct matt_ctx { double *out, *lse, *qkv, *R; const int32_t *doc; int window, block;
+		  double scale; int B, T, H, D; };
 static double matt_f_(void *p)
 {
 	struct matt_ctx *c = p;
-	ng_ref_attention_masked_fwd(c->out, c->lse, c->qkv, c->doc, c->window, c->scale, c->B,
-				    c->T, c->H, c->D);
+	ng_ref_attention_masked_fwd(c->out, c->lse, c->qkv, c->doc, c->window, c->block, c->scale,
+				    c->B, c->T, c->H, c->D);
 	return dot_(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
 
@@ -274,18 +274,20 @@ Test(cpu_spr_ops, attention_masked_bwd_fd, .init = setup_, .fini = release_)
 	for (int Dv = 0; Dv < 2; Dv++) {
 		int D = Dv ? 8 : 16;
 		size_t nqkv = (size_t)B * T * 3 * H * D, nout = (size_t)B * T * H * D;
-		int windows[4] = { 0, 0, 1, 3 };
-		for (int wi = 0; wi < 4; wi++) {
+		/* token windows, then block-granular ones: 2 blocks of 2, 2 blocks of 3 */
+		int windows[6] = { 0, 0, 1, 3, 4, 6 }, blocks[6] = { 1, 1, 1, 1, 2, 3 };
+		for (int wi = 0; wi < 6; wi++) {
 			struct matt_ctx c = { keep_(nout * 8), NULL, rnd_(nqkv, 0, 1.5),
 					      rnd_(nout, 0, 1), wi == 0 ? NULL : doc7_,
-					      windows[wi], 0.12 * 4, B, T, H, D };
+					      windows[wi], blocks[wi], 0.12 * 4, B, T, H, D };
 			double *d = rnd_(nqkv, 0, 1), *d0 = copy_(d, nqkv);
 			matt_f_(&c);
-			ng_ref_attention_masked_bwd(d, c.R, c.qkv, c.doc, c.window, c.scale, B, T,
-						    H, D);
-			char what[80];
-			snprintf(what, sizeof(what), "masked attention dqkv (D=%d, window %d, %s)",
-				 D, c.window, c.doc ? "documents" : "one document");
+			ng_ref_attention_masked_bwd(d, c.R, c.qkv, c.doc, c.window, c.block, c.scale,
+						    B, T, H, D);
+			char what[96];
+			snprintf(what, sizeof(what), "masked attention dqkv (D=%d, window %d in "
+				 "blocks of %d, %s)", D, c.window, c.block,
+				 c.doc ? "documents" : "one document");
 			/* f sums B T H D = 672 (or 336) products: its rounding, times the stencil's
 			 * 18 / (12 h), puts the FD noise near 1e-11, so near-zero gradients (peaked
 			 * softmax rows) are held to an absolute 1e-10 */
@@ -326,7 +328,7 @@ Test(cpu_spr_ops, attention_mask_semantics, .init = setup_, .fini = release_)
 	double *ref = keep_(nout * 8), *lse_ref = keep_((size_t)B * H * T * 8);
 
 	/* window 1: every query sees only itself, so out = its own v and lse = scale q . k */
-	ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, 1, scale, B, T, H, D);
+	ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, 1, 1, scale, B, T, H, D);
 	for (int r = 0; r < B * T; r++) {
 		for (int h = 0; h < H; h++) {
 			const double *q = qkv + r * C3 + h * D;
@@ -341,42 +343,52 @@ Test(cpu_spr_ops, attention_mask_semantics, .init = setup_, .fini = release_)
 
 	/* window <= 0 without documents: the plain causal attention of cpu_ops.h at its scale */
 	double s0 = 1.0 / sqrt((double)D);
-	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, 0, s0, B, T, H, D);
+	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, 0, 1, s0, B, T, H, D);
 	ng_ref_attention_fwd(ref, lse_ref, qkv, B, T, H, D);
 	for (size_t i = 0; i < nout; i++)
 		cr_expect(out[i] == ref[i], "window 0 vs causal: out[%zu] %.17g != %.17g", i,
 			  out[i], ref[i]);
-	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, -5, s0, B, T, H, D);
+	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, -5, 1, s0, B, T, H, D);
 	for (size_t i = 0; i < nout; i++)
 		cr_expect(out[i] == ref[i], "window -5 vs causal: out[%zu]", i);
-	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, T, s0, B, T, H, D); /* covers all keys */
+	ng_ref_attention_masked_fwd(out, lse, qkv, NULL, T, 1, s0, B, T, H, D); /* all keys */
 	for (size_t i = 0; i < nout; i++)
 		cr_expect(out[i] == ref[i], "window T vs causal: out[%zu]", i);
 
-	/* documents and window 3 against the explicit key lists of every query */
-	double worst = 0.0;
-	ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, 3, scale, B, T, H, D);
-	for (int b = 0; b < B; b++) {
-		for (int t = 0; t < T; t++) {
-			int keys[8], nk = 0;
-			for (int s = 0; s <= t; s++)
-				if (t - s < 3 && doc7_[b * T + s] == doc7_[b * T + t])
-					keys[nk++] = s;
-			for (int h = 0; h < H; h++) {
-				double o[8], l;
-				direct_row_(o, &l, qkv, keys, nk, scale, b, t, h, T, H, D);
-				worst = fmax(worst, fabs(l - lse[((size_t)b * H + h) * T + t]));
-				const double *got = out + (((size_t)b * T + t) * H + h) * D;
-				for (int d = 0; d < D; d++)
-					worst = fmax(worst, fabs(o[d] - got[d]));
+	/* documents and a window against the explicit key lists of every query: 3 tokens, then 2
+	 * blocks of 2 tokens (t sees the blocks t / 2 - 1 and t / 2: 3 or 4 keys, document
+	 * permitting) */
+	int wins[2] = { 3, 4 }, blks[2] = { 1, 2 };
+	for (int wi = 0; wi < 2; wi++) {
+		double worst = 0.0;
+		ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, wins[wi], blks[wi], scale, B, T,
+					    H, D);
+		for (int b = 0; b < B; b++) {
+			for (int t = 0; t < T; t++) {
+				int keys[8], nk = 0;
+				for (int s = 0; s <= t; s++) {
+					int first = wi ? (t / 2 - 1) * 2 : t - 2;
+					if (s >= first && doc7_[b * T + s] == doc7_[b * T + t])
+						keys[nk++] = s;
+				}
+				for (int h = 0; h < H; h++) {
+					double o[8], l;
+					direct_row_(o, &l, qkv, keys, nk, scale, b, t, h, T, H, D);
+					worst = fmax(worst,
+						     fabs(l - lse[((size_t)b * H + h) * T + t]));
+					const double *got = out + (((size_t)b * T + t) * H + h) * D;
+					for (int d = 0; d < D; d++)
+						worst = fmax(worst, fabs(o[d] - got[d]));
+				}
 			}
 		}
+		cr_expect(worst < 1e-14, "documents + window %d in blocks of %d vs direct: max abs "
+			  "err %.3g (seed %llu)", wins[wi], blks[wi], worst,
+			  (unsigned long long)seed_);
 	}
-	cr_expect(worst < 1e-14, "documents + window 3 vs direct: max abs err %.3g (seed %llu)",
-		  worst, (unsigned long long)seed_);
 
 	/* a document start sees only itself: sequence 0 t = 3 and sequence 1 t = 5 */
-	ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, 0, scale, B, T, H, D);
+	ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, 0, 1, scale, B, T, H, D);
 	int starts[2] = { 3, T + 5 };
 	for (int j = 0; j < 2; j++)
 		for (int i = 0; i < H * D; i++)
@@ -388,7 +400,7 @@ Test(cpu_spr_ops, attention_mask_semantics, .init = setup_, .fini = release_)
 	for (int t = 0; t < 3; t++)
 		for (size_t i = H * D; i < C3; i++)
 			qkv[t * C3 + i] += 1.0;
-	ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, 0, scale, B, T, H, D);
+	ng_ref_attention_masked_fwd(out, lse, qkv, doc7_, 0, 1, scale, B, T, H, D);
 	for (int t = 3; t < T; t++)
 		for (int i = 0; i < H * D; i++)
 			cr_expect(out[(size_t)t * H * D + i] == ref[(size_t)t * H * D + i],

@@ -259,6 +259,7 @@ struct att_case {
 	int masked;    /* ng_decode_attention_masked with scale 0.12 (else the causal entry) */
 	int doc_start; /* masked: the current document's start (<= pos) */
 	int window;    /* masked: tokens, 0 = none */
+	int block;     /* masked: the window's granularity (0 or 1: tokens) */
 };
 
 static void att_case(const struct att_case *c)
@@ -290,13 +291,18 @@ static void att_case(const struct att_case *c)
 	for (int t = 0; t < T; t++)
 		doc[t] = c->masked && t >= c->doc_start;
 	float scale = c->masked ? 0.12f : 1.0f / sqrtf((float)D);
+	int blk = c->block > 1 ? c->block : 1;
 	if (c->masked)
-		ng_ref_attention_masked_fwd(ref_all, lse, qkv_d, doc, c->window, 0.12, 1, T, H, D);
+		ng_ref_attention_masked_fwd(ref_all, lse, qkv_d, doc, c->window, blk, 0.12, 1, T, H,
+					    D);
 	else
 		ng_ref_attention_fwd(ref_all, lse, qkv_d, 1, T, H, D);
 	int lo = c->masked ? c->doc_start : 0;
-	if (c->masked && c->window > 0 && c->pos - c->window + 1 > lo)
-		lo = c->pos - c->window + 1;
+	/* the window's first key: the start of the block n - 1 blocks before pos's */
+	int n = c->window / blk > 0 ? c->window / blk : 1;
+	int first = blk == 1 ? c->pos - c->window + 1 : c->pos - c->pos % blk - (n - 1) * blk;
+	if (c->masked && c->window > 0 && first > lo)
+		lo = first;
 	const double *ref = ref_all + (size_t)c->pos * Cs;
 	const float *q = qkv + (size_t)c->pos * 3 * Cs;
 	float *sc = kt_xmalloc((size_t)T * 4);
@@ -325,7 +331,7 @@ static void att_case(const struct att_case *c)
 	int *d_pos = kt_device_int(c->pos), *d_doc = kt_device_int(c->doc_start);
 	if (c->masked)
 		kt_ok(ng_decode_attention_masked(d_out, d_kc, d_vc, d_qkv, d_pos, d_doc, c->window,
-						 scale, H, D, c->Tmax, 0),
+						 blk, scale, H, D, c->Tmax, 0),
 		      "ng_decode_attention_masked");
 	else
 		kt_ok(ng_decode_attention(d_out, d_kc, d_vc, d_qkv, d_pos, H, D, c->Tmax, 0),
@@ -368,7 +374,8 @@ Test(decode, attention_matches_reference)
 
 /* The speedrun model's bound: the window cuts (doc_start earlier), the document does (window
  * wider), neither does (a window beyond the cache, smaller than Tmax's shared memory would
- * need), the query alone (a document starting at pos), and the real model's D = 128. */
+ * need), the query alone (a document starting at pos), the real model's D = 128, and the
+ * model's block-granular windows. */
 Test(decode, attention_masked_matches_reference)
 {
 	need_gpu();
@@ -382,6 +389,14 @@ Test(decode, attention_masked_matches_reference)
 		{ .H = 3, .D = 40, .Tmax = 50, .pos = 20, .masked = 1, .doc_start = 20,
 		  .window = 256 },
 		{ .H = 1, .D = 8, .Tmax = 9, .pos = 8, .masked = 1, .doc_start = 0, .window = 0 },
+		/* the model's block window: 2 blocks of 128 (pos 300 sees 128 .. 300), and 14 */
+		{ .H = 2, .D = 32, .Tmax = 400, .pos = 300, .masked = 1, .doc_start = 10,
+		  .window = 256, .block = 128 },
+		{ .H = 6, .D = 128, .Tmax = 2000, .pos = 1999, .masked = 1, .doc_start = 0,
+		  .window = 1792, .block = 128 },
+		/* a window under one block still sees the query's whole block: 256 .. 300 */
+		{ .H = 2, .D = 32, .Tmax = 400, .pos = 300, .masked = 1, .doc_start = 0,
+		  .window = 64, .block = 128 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		att_case(&cases[i]);
@@ -391,11 +406,14 @@ Test(decode, attention_masked_rejects_bad_arguments)
 {
 	float *p = (float *)(uintptr_t)4096;
 	int *i = (int *)(uintptr_t)8192;
-	cr_expect_eq(ng_decode_attention_masked(p, p, p, p, i, i, 128, 0.0f, 2, 32, 64, 0),
+	cr_expect_eq(ng_decode_attention_masked(p, p, p, p, i, i, 128, 1, 0.0f, 2, 32, 64, 0),
 		     NG_ERR_INPUT, "scale 0");
 	ng_clear_error();
-	cr_expect_eq(ng_decode_attention_masked(p, p, p, p, i, i, 0, 0.12f, 2, 32, 49152, 0),
+	cr_expect_eq(ng_decode_attention_masked(p, p, p, p, i, i, 0, 1, 0.12f, 2, 32, 49152, 0),
 		     NG_ERR_INPUT, "no window: 49152 scores do not fit");
+	ng_clear_error();
+	cr_expect_eq(ng_decode_attention_masked(p, p, p, p, i, i, 128, 0, 0.12f, 2, 32, 64, 0),
+		     NG_ERR_INPUT, "block 0");
 	ng_clear_error();
 }
 

@@ -201,12 +201,74 @@ Test(step_spr, gpt2_options_are_refused)
 	struct ng_gpt_config c = preset("speedrun-tiny");
 	struct ng_step_options o;
 	ng_step_default_options(&o);
-	o.fp8 = NG_FP8_ALL;
+	o.recompute_gelu = 1;
 	struct ng_graph g;
 	cr_expect_eq(ng_step_build_train(&g, &c, 1, 64, 1, &o), NG_ERR_INPUT);
 	ng_step_default_options(&o);
-	o.recompute_gelu = 1;
+	o.recompute_layernorm = 1;
 	cr_expect_eq(ng_step_build_train(&g, &c, 1, 64, 1, &o), NG_ERR_INPUT);
 	c.L = 7;
 	cr_expect_eq(ng_gpt_check(&c), NG_ERR_INPUT);
+}
+
+/* --fp8 (graph/step.h "FP8"): every layer matmul's forward and dinp is an fp8 op reading the
+ * E4M3 weights (dinp: W^T) and the scales, the residual input last; the dW stay bf16; FP8_PREP
+ * comes before the first matmul; with --recompute fp8 there are no weight copies and the
+ * matmuls read the bf16 weights. Eval graphs stay bf16. */
+Test(step_spr, fp8_layers)
+{
+	struct ng_gpt_config c = preset("speedrun-tiny");
+	for (int rc = 0; rc < 2; rc++) {
+		struct ng_step_options o;
+		ng_step_default_options(&o);
+		o.fp8 = NG_FP8_EVERY;
+		o.recompute_fp8 = rc;
+		struct ng_graph g;
+		cr_assert_eq(ng_step_build_train(&g, &c, 2, 200, 1, &o), NG_OK, "%s",
+			     ng_error_message());
+		cr_assert_eq(ng_graph_validate(&g), NG_OK, "%s", ng_error_message());
+		check_dataflow(&g);
+		check_gradients(&g);
+		cr_expect_eq(g.fp8, NG_FP8_EVERY);
+		cr_expect_eq(g.t_params_fp8 < 0, rc);
+		cr_expect_eq(g.t_params_fp8t < 0, rc);
+		cr_assert_eq(count(&g, NG_OP_FP8_PREP, -1), 1);
+		int prep = -1, fwd = 0, dinp = 0, first_mm = -1;
+		for (int k = 0; k < g.n_ops; k++) {
+			const struct ng_op *op = &g.ops[k];
+			if (op->kind == NG_OP_FP8_PREP)
+				prep = k;
+			if (op->kind != NG_OP_MATMUL_FWD && op->kind != NG_OP_MATMUL_DINP &&
+			    op->kind != NG_OP_MATMUL_DW)
+				continue;
+			if (first_mm < 0)
+				first_mm = k;
+			if (op->kind == NG_OP_MATMUL_DW) {
+				cr_expect_eq(op->fp8, 0, "%s", op->name);
+				continue;
+			}
+			if (op->which == NG_OP_WHICH_HEAD) {
+				cr_expect_eq(op->fp8, op->kind == NG_OP_MATMUL_FWD, "%s", op->name);
+				continue;
+			}
+			cr_expect_eq(op->fp8, 1, "%s", op->name);
+			int want = rc ? g.t_params_bf16
+				      : op->kind == NG_OP_MATMUL_FWD ? g.t_params_fp8 : g.t_params_fp8t;
+			cr_expect_eq(op->in[2], want, "%s: the weights", op->name);
+			cr_expect_eq(op->in[3], g.t_fp8_state, "%s: the scales", op->name);
+			cr_expect_eq(op->n_in, 4 + op->residual, "%s", op->name);
+			fwd += op->kind == NG_OP_MATMUL_FWD;
+			dinp += op->kind == NG_OP_MATMUL_DINP;
+		}
+		cr_expect(prep >= 0 && prep < first_mm, "FP8_PREP at %d, first matmul at %d", prep,
+			  first_mm);
+		int attn = c.L - 1; /* qkv + attproj in the blocks with attention, fc + fcproj in all */
+		cr_expect_eq(fwd, 2 * attn + 2 * c.L);
+		cr_expect_eq(dinp, 2 * attn + 2 * c.L);
+		ng_graph_free(&g);
+		cr_assert_eq(ng_step_build_eval(&g, &c, 2, 200, 1, &o), NG_OK, "%s",
+			     ng_error_message());
+		cr_expect_eq(g.fp8, 0, "eval graphs stay bf16");
+		ng_graph_free(&g);
+	}
 }

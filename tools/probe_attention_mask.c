@@ -156,6 +156,7 @@ static int step(const struct ng_attention *att, struct bufs *d, int dev_window, 
 	if (NG_CUDA_CHECK(cudaMemcpyAsync(d->window, &dev_window, 4, cudaMemcpyHostToDevice, s)))
 		return 1;
 	if (att->lower_bound && ng_attention_lower_bound(d->lo, d->tok, d->window, att->max_window,
+							 1 /* which engines take it, not lo */,
 							 att->B, att->T, BOS, s))
 		return 1;
 	if (ng_attention_fwd_masked(att, out, lse, d->qkv, d->lo, d->window, wsf, s))

@@ -9,8 +9,9 @@ the same mask on CUDA. It is the independent implementation the CPU reference
 The model (graph/cpu_spr.h states it; these are the same choices):
   - B sequences of T tokens; rotary position = index in the sequence; a document starts at each
     token equal to bos = V - 1 (<|endoftext|> = 50256 for GPT-2's vocabulary);
-  - token-granular window: a long-window block (0, L/3, L-1) sees t - s < W * 128, the others
-    t - s < max(1, W // 2) * 128, on top of causal and same-document;
+  - block-granular window, as the speedrun's reference: with n = W in a long-window block (0,
+    L/3, L-1) and max(1, W // 2) in the others, query t sees key s when t // 128 - s // 128 < n
+    (its own 128-token block and the n - 1 before it), on top of causal and same-document;
   - the head covers all Vp columns, and so does the loss, summed over the tokens;
   - the value mixing v = a0 v + a1 ve (a0 v in blocks without a value embedding), the x0 mixing
     x = l0 x + l1 x0, the U-net skips x = x + skipw[j] * (output of block L/2 - 1 - j).
@@ -79,7 +80,8 @@ def ve_table(L, l):
 
 
 def block_window(L, l, W):
-    """Tokens block l sees back (graph/cpu_spr.h ng_cpu_spr_block_window)."""
+    """Block l's window in tokens, whole 128-token blocks (graph/cpu_spr.h
+    ng_cpu_spr_block_window)."""
     return max(1, W if long_window(L, l) else W // 2) * WINDOW_BLOCK
 
 
@@ -216,14 +218,17 @@ class SpeedrunGPT(nn.Module):
             from torch.nn.attention.flex_attention import create_block_mask
             out = {}
             for w in wins:
-                def mask_mod(b, h, q, kv, w=w):
-                    return (kv <= q) & (q - kv < w) & (doc[b, kv] == doc[b, q])
+                def mask_mod(b, h, q, kv, n=w // WINDOW_BLOCK):
+                    return ((kv <= q) & (q // WINDOW_BLOCK - kv // WINDOW_BLOCK < n) &
+                            (doc[b, kv] == doc[b, q]))
                 out[w] = create_block_mask(mask_mod, B, None, T, T, device=idx.device)
         else:
             t = torch.arange(T, device=idx.device)
             causal = t[None, :] <= t[:, None]
             same = doc[:, :, None] == doc[:, None, :]
-            out = {w: (causal & (t[:, None] - t[None, :] < w) & same)[:, None] for w in wins}
+            blk = t // WINDOW_BLOCK
+            out = {w: (causal & (blk[:, None] - blk[None, :] < w // WINDOW_BLOCK) & same)[:, None]
+                   for w in wins}
         return [out[block_window(self.L, l, W)] for l in range(self.L)]
 
     def forward(self, idx, targets, W, masks=None):
