@@ -63,10 +63,11 @@ void ng_ref_doc_ids(int32_t *doc, const int32_t *tok, int B, int T, int32_t bos)
 
 /* Attention over qkv (B, T, 3, H, D) with the speedrun's mask: query t sees key s iff s <= t,
  * doc[b, s] == doc[b, t] (doc may be NULL: one document) and s >=
- * ng_attention_window_first(t, window, block) (kernels/attention.h; window <= 0: no window;
+ * ng_attention_window_first(t, window, block) (kernels/window.h; window <= 0: no window;
  * block >= 1 its granularity: 1, the last `window` tokens; the speedrun's 128, the last
- * window / 128 blocks of 128 tokens, t's own included, as its reference masks). Scores scale * q . k. out (B, T, H, D) "=", lse (B, H, T) "=" (may be NULL;
- * natural log of sum_s exp(score)). A query always sees itself, so no row is empty. */
+ * window / 128 blocks of 128 tokens, t's own included, as its reference masks). Scores
+ * scale * q . k. out (B, T, H, D) "=", lse (B, H, T) "=" (may be NULL; natural log of
+ * sum_s exp(score)). A query always sees itself, so no row is empty. */
 void ng_ref_attention_masked_fwd(double *out, double *lse, const double *qkv, const int32_t *doc,
 				 int window, int block, double scale, int B, int T, int H, int D);
 /* dqkv (B, T, 3, H, D) += from dout (B, T, H, D), the same mask and scale. */

@@ -63,8 +63,9 @@ enum ng_status ng_decode_attention(float *out,         /* (C) fp32, = */
 
 /* ng_decode_attention with the speedrun model's mask and scale: the query at p = *pos sees the
  * cache rows [lo, p], lo = max(*doc_start, ng_attention_window_first(p, window, block))
- * (kernels/attention.h; doc_start NULL: 0; window <= 0: no window; block >= 1 the window's
- * granularity: 1, the last `window` tokens; the speedrun's 128, its reference's block window), with scores scale * q_h . K_h. The cache rows of p get k and v of qkv as there.
+ * (kernels/window.h; doc_start NULL: 0; window <= 0: no window; block >= 1 the window's
+ * granularity: 1, the last `window` tokens; the speedrun's 128, its reference's block window),
+ * with scores scale * q_h . K_h. The cache rows of p get k and v of qkv as there.
  * Shared memory: D + min(the window in whole blocks, at least one, Tmax) floats (window <= 0:
  * D + Tmax), at most 48 KiB. */
 enum ng_status ng_decode_attention_masked(float *out,           /* (C) fp32, = */
