@@ -221,8 +221,8 @@ static void head_fwd_(struct ng_cpu_spr_model *m)
 		ng_ref_matmul_fwd(a->logits, a->xf, w, NULL, N, C, Vp);
 		return;
 	}
-	double xs = m->head_fp8 == 2 ? m->head_xs : head_xs_(m);
-	double ws = m->head_fp8 == 2 ? m->head_ws : NG_SPR_FP8_WS;
+	double xs = m->head_fp8 >= 2 ? m->head_xs : head_xs_(m);
+	double ws = m->head_fp8 >= 2 ? m->head_ws : NG_SPR_FP8_WS;
 	for (size_t i = 0; i < (size_t)N * C; i++)
 		a->x8[i] = ng_ref_round_e4m3(a->xf[i] / xs);
 	for (size_t i = 0; i < (size_t)Vp * C; i++)
@@ -241,12 +241,13 @@ static void head_bwd_(struct ng_cpu_spr_model *m, double *dxf)
 	size_t NC = (size_t)N * C, VC = (size_t)Vp * C;
 	double *dw = tensor_(m, m->grads, NG_P_HEADW, 0);
 	memset(dxf, 0, NC * sizeof(double));
-	if (m->head_fp8 != 1) {
+	if (m->head_fp8 != 1 && m->head_fp8 != 3) {
 		ng_ref_matmul_bwd(dxf, dw, NULL, s->dlogits, a->xf,
 				  tensor_(m, m->params, NG_P_HEADW, 0), N, C, Vp);
 		return;
 	}
-	double xs = head_xs_(m), ws = NG_SPR_FP8_WS, gs = NG_SPR_FP8_GS;
+	double xs = m->head_fp8 == 3 ? m->head_xs : head_xs_(m);
+	double ws = m->head_fp8 == 3 ? m->head_ws : NG_SPR_FP8_WS, gs = NG_SPR_FP8_GS;
 	for (size_t i = 0; i < (size_t)N * Vp; i++)
 		s->g8[i] = ng_ref_round_e5m2(s->dlogits[i] / gs);
 	memset(s->dw8, 0, VC * sizeof(double));

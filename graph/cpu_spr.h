@@ -29,9 +29,10 @@
  *   forward  x8 = e4m3(x / xs), w8 = e4m3(w / ws), z = (x8 @ w8^T) xs ws
  *   backward g8 = e5m2(dz / gs), dx = (g8 @ w8) gs ws, dheadw += (g8^T @ x8) gs xs
  * (so its gradient is the reference's, not the exact gradient of its forward).
- * head_fp8 = 2 is the GPU step's FP8 head (graph/step.h "FP8": per-tensor scales from the
- * tensors' maxima, the backward in bf16): that forward with xs = head_xs, ws = head_ws, and the
- * exact head's backward.
+ * head_fp8 = 2 is the GPU step's FP8 head forward alone (graph/step.h "FP8": per-tensor scales
+ * from the tensors' maxima): that forward with xs = head_xs, ws = head_ws, and the exact head's
+ * backward; head_fp8 = 3 its E5M2 backward too (NG_FP8_HEAD_BWD): head_fp8 = 1's backward with
+ * those xs and ws.
  */
 #ifndef NG_GRAPH_CPU_SPR_H
 #define NG_GRAPH_CPU_SPR_H
@@ -104,9 +105,10 @@ struct ng_cpu_spr_model {
 	int B;                       /* batch (sequences) the activations are sized for */
 	int T;                       /* tokens a sequence, T <= cfg.T */
 	int head_fp8;                /* 0: exact head; 1: the reference's FP8 head (above);
-				      * 2: the GPU's: the forward as 1 with the scales below, the
-				      * backward exact (from the bf16 head's dz, W and x) */
-	double head_xs, head_ws;     /* head_fp8 = 2: the input's and the weight's descale */
+				      * 2: the GPU's forward alone: as 1 with the scales below, the
+				      * backward exact (from the bf16 head's dz, W and x); 3: the
+				      * GPU's forward and E5M2 backward, as 1 with those scales */
+	double head_xs, head_ws;     /* head_fp8 = 2, 3: the input's and the weight's descale */
 	int32_t bos;                 /* token that starts a document: cfg.V - 1 (50256 for
 				      * GPT-2's vocabulary, NG_SPR_BOS); may be changed */
 	double *params;              /* (lay.total) */

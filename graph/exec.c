@@ -37,7 +37,8 @@ static enum ng_status open_device(struct ng_exec *e, struct cudaDeviceProp *prop
 	snprintf(e->device_name, sizeof(e->device_name), "%s", prop->name);
 	e->peak_flops = peak_for(prop->name);
 	int has_fp8 = prop->major * 10 + prop->minor >= 89;
-	if (e->cfg.model.arch == NG_ARCH_SPEEDRUN && e->cfg.step.fp8 == NG_FP8_HEAD && !has_fp8)
+	if (e->cfg.model.arch == NG_ARCH_SPEEDRUN &&
+	    (e->cfg.step.fp8 & ~NG_FP8_HEAD_BWD) == NG_FP8_HEAD && !has_fp8)
 		e->cfg.step.fp8 = 0; /* the FP8 head where the GPU has FP8, else bf16 */
 	if (e->cfg.step.fp8 && !has_fp8) {
 		ng_fail(NG_ERR_INPUT, "--fp8: %s (sm_%d%d) has no FP8 tensor cores (sm_89 and newer "

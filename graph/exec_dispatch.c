@@ -118,12 +118,14 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 		const struct ng_param_spec *p = &g->lay.p[ids[i]];
 		int nseg = i < 4 ? (int)p->shape[0] : 1, fwd = g->fp8 & (1 << i);
 		uint8_t *w8 = fwd ? pp(e, g, g->t_params_fp8, ids[i], 0) : NULL;
-		if (i < 4 && (g->fp8 & (1 << (i + NG_FP8_DINP_SHIFT)))) /* W and W^T, one read */
+		int wt = i < 4 ? g->fp8 & (1 << (i + NG_FP8_DINP_SHIFT)) : g->fp8 & NG_FP8_HEAD_BWD;
+		if (wt) /* W and W^T, one read */
 			st = ng_fp8_cast_e4m3_wt_seg(w8,
 						     (uint8_t *)ng_exec_tensor_(e, g, g->t_params_fp8t) +
 							     ng_fp8t_at(&g->lay, g->fp8, i),
 						     pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
-						     (int)p->shape[1], (int)p->shape[2], nseg, s);
+						     (int)p->shape[i < 4 ? 1 : 0],
+						     (int)p->shape[i < 4 ? 2 : 1], nseg, s);
 		else if (fwd)
 			st = ng_fp8_cast_e4m3_seg(w8, pp(e, g, op->in[0], ids[i], 0), w_scale + i * L,
 						  NULL, p->numel / nseg, nseg, s);
@@ -222,6 +224,68 @@ static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_gra
 				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
 				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * wslot,
 				 (char *)scratch + front, s);
+}
+
+/* The speedrun head's E5M2 backward (graph/step.h "FP8"): in[0] is g8, the loss's E5M2
+ * gradient of this chunk with its descale after the chunk's bytes. */
+static const float *head_g8_descale(const struct ng_exec *e, const struct ng_graph *g,
+				    const struct ng_op *op)
+{
+	return (const float *)((const uint8_t *)ng_exec_tensor_(e, g, op->in[0]) +
+			       (size_t)op->row_count * g->cfg.Vp);
+}
+
+/* dnf rows = g8 @ W8 (W^T in E4M3, the forward's weight scale), bf16. */
+static enum ng_status run_head_dinp_fp8(struct ng_exec *e, const struct ng_graph *g,
+					const struct ng_op *op, const struct ng_matmul *mm,
+					ng_bf16 *dinp, void *scratch, cudaStream_t s)
+{
+	const int L = g->cfg.L, wslot = ng_fp8_slot(L, NG_OP_WHICH_HEAD, -1);
+	float *f = ng_exec_tensor_(e, g, op->in[2]);
+	size_t front = 0;
+	uint8_t *wt;
+	if (g->recompute_fp8) { /* in[1] is params_bf16: W^T to E4M3 in the scratch */
+		wt = scratch;
+		front = ng_fp8_weight_bytes(&g->cfg, NG_OP_WHICH_HEAD);
+		enum ng_status st = ng_fp8_cast_e4m3_wt_seg(
+			NULL, wt, pp(e, g, op->in[1], NG_P_HEADW, -1),
+			f + ng_fp8_field_at(L, NG_FP8_W_SCALE) + wslot, g->cfg.Vp, g->cfg.C, 1, s);
+		if (st)
+			return st;
+	} else {
+		wt = (uint8_t *)ng_exec_tensor_(e, g, op->in[1]) + ng_fp8t_at(&g->lay, g->fp8, 4);
+	}
+	return ng_matmul_run_fp8(mm, dinp, ng_exec_tensor_(e, g, op->in[0]), wt, NULL, NULL,
+				 head_g8_descale(e, g, op),
+				 f + ng_fp8_field_at(L, NG_FP8_W_DESCALE) + NG_FP8_DESCALE_STRIDE * wslot,
+				 (char *)scratch + front, s);
+}
+
+/* dW (+)= g8^T @ nf8 over the chunk's rows: g8 (rows, Vp) and nf (rows, C, in E4M3 with the
+ * forward's input scale) transposed into the scratch, then the fp32 FP8 GEMM. */
+static enum ng_status run_head_dw_fp8(struct ng_exec *e, const struct ng_graph *g,
+				      const struct ng_op *op, const struct ng_matmul *mm,
+				      void *scratch, cudaStream_t s)
+{
+	const int L = g->cfg.L, slot = ng_fp8_slot(L, NG_OP_WHICH_HEAD, -1);
+	const int rows = op->row_count, Vp = g->cfg.Vp, C = g->cfg.C;
+	float *f = ng_exec_tensor_(e, g, op->in[2]);
+	uint8_t *g8t = scratch, *x8t = g8t + ng_fp8_input_bytes((size_t)rows, (size_t)Vp);
+	enum ng_status st = ng_transpose_u8(g8t, ng_exec_tensor_(e, g, op->in[0]), rows, Vp, s);
+	if (!st)
+		st = ng_fp8_cast_e4m3_wt_seg(NULL, x8t,
+					     (const ng_bf16 *)ng_exec_tensor_(e, g, op->in[1]) +
+						     (size_t)op->row_start * C,
+					     f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot, rows, C,
+					     1, s);
+	if (st)
+		return st;
+	return ng_matmul_run_fp8(mm, pp(e, g, op->out[0], NG_P_HEADW, -1), g8t, x8t, NULL, NULL,
+				 head_g8_descale(e, g, op),
+				 f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * slot,
+				 (char *)scratch + ng_fp8_head_dw_bytes((size_t)rows, (size_t)Vp,
+									(size_t)C),
+				 s);
 }
 
 /* The error for an op kind that no family implements: ng_exec_run_op_'s default, and each
@@ -381,6 +445,8 @@ static enum ng_status run_matmul_op(struct ng_exec *e, const struct ng_graph *g,
 	case NG_OP_MATMUL_DINP: {
 		const struct ng_matmul *mm = &e->plans[plan].mm;
 		ng_bf16 *dinp = (ng_bf16 *)ng_exec_tensor_(e, g, op->out[0]) + (size_t)op->row_start * mm->spec.IC;
+		if (op->fp8 && op->which == NG_OP_WHICH_HEAD)
+			return run_head_dinp_fp8(e, g, op, mm, dinp, scratch, s);
 		if (op->fp8)
 			return run_matmul_dinp_fp8(e, g, op, mm, dinp, scratch, s);
 		if (op->own) /* this layer's W^T of TRANSPOSE_W's; the fc bias gradient */
@@ -397,6 +463,8 @@ static enum ng_status run_matmul_op(struct ng_exec *e, const struct ng_graph *g,
 	}
 	case NG_OP_MATMUL_DW: {
 		const struct ng_matmul *mm = &e->plans[plan].mm;
+		if (op->fp8)
+			return run_head_dw_fp8(e, g, op, mm, scratch, s);
 		const ng_bf16 *inp = (const ng_bf16 *)ng_exec_tensor_(e, g, op->in[1]) +
 				     (size_t)op->row_start * mm->spec.IC;
 		int gb = op->out[0];

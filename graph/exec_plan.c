@@ -50,6 +50,7 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 		s.gelu = 0;
 		s.bias = op->param[1] >= 0;
 		s.accumulate = !op->overwrite;
+		s.fp8 = op->fp8; /* the speedrun head's E5M2 backward */
 	}
 	return s;
 }
@@ -94,6 +95,12 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 		/* fp8: the input's copy in front (dout's E5M2 for dinp, the E4M3 input for a forward
 		 * no LayerNorm wrote it for), then with --recompute fp8 this layer's W or W^T */
 		size_t w8 = op->fp8 && g->recompute_fp8 ? ng_fp8_weight_bytes(m, op->which) : 0;
+		size_t ws = e->plans[plan].mm.workspace_need;
+		if (op->fp8 && op->which == NG_OP_WHICH_HEAD && op->kind == NG_OP_MATMUL_DINP)
+			return ws + w8; /* g8 is the loss's output */
+		if (op->fp8 && op->kind == NG_OP_MATMUL_DW)
+			return ws + ng_fp8_head_dw_bytes((size_t)op->row_count, (size_t)m->Vp,
+							 (size_t)m->C);
 		if (op->fp8 && op->kind == NG_OP_MATMUL_DINP)
 			return e->plans[plan].mm.workspace_need + w8 +
 			       ng_fp8_input_bytes((size_t)op->row_count,
@@ -230,7 +237,8 @@ static struct ng_step_options step_options(const struct ng_exec_config *cfg)
 	if (cfg->model.arch == NG_ARCH_SPEEDRUN) /* relu^2 is its own op: no GELU to time */
 		opt.fuse_gelu = 0;
 	if (opt.deterministic && (opt.fp8 & NG_FP8_AUTO)) /* untimed: the kinds that widen */
-		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD | NG_FP8_DINP_FCPROJ)) |
+		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD | NG_FP8_DINP_FCPROJ |
+				      NG_FP8_HEAD_BWD)) |
 			  NG_FP8_AUTO;
 	return opt;
 }
@@ -272,7 +280,8 @@ static enum ng_status choose_forms(struct ng_exec *e, struct ng_step_options *op
 	}
 	if (!st && (opt->fp8 & NG_FP8_AUTO) && !opt->deterministic) {
 		/* the speedrun model's FP8 head is its recipe: kept, not timed */
-		int keep = e->cfg.model.arch == NG_ARCH_SPEEDRUN ? opt->fp8 & NG_FP8_HEAD : 0;
+		int keep = e->cfg.model.arch == NG_ARCH_SPEEDRUN
+				   ? opt->fp8 & (NG_FP8_HEAD | NG_FP8_HEAD_BWD) : 0;
 		int mask = opt->fp8 & NG_FP8_EVERY & ~keep;
 		st = ng_exec_choose_fp8_(e, (opt->fuse_gelu & NG_GELU_FUSE_FWD) != 0,
 					 (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,

@@ -209,7 +209,15 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 		if (op->no_grad)
 			return ng_softcap_crossentropy_fwd(losses, T_(op->in[0]), tg, op->row_count,
 							   c->Vp, (float)NG_SPR_SOFTCAP, div, s);
-		/* the gradient of the sum over the step's tokens, as the reference's loss */
+		/* the gradient of the sum over the step's tokens, as the reference's loss; fp8: in
+		 * E5M2 into g8, its descale after the chunk's bytes (graph/step.h "FP8") */
+		if (op->fp8) {
+			uint8_t *g8 = T_(op->out[0]);
+			return ng_softcap_crossentropy_e5m2(
+				losses, T_(op->in[0]), g8, (float *)(g8 + (size_t)op->row_count * c->Vp),
+				tg, op->row_count, c->Vp, (float)NG_SPR_SOFTCAP, div, 1.0f,
+				(float)NG_FP8_HEAD_GSCALE, s);
+		}
 		return ng_softcap_crossentropy(losses, T_(op->in[0]), tg, op->row_count, c->Vp,
 					       (float)NG_SPR_SOFTCAP, div, 1.0f, s);
 	}

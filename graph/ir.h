@@ -70,6 +70,10 @@
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.
+ *                     The speedrun head with fp8 = 1 (graph/step.h "FP8", NG_FP8_HEAD_BWD):
+ *                     MATMUL_DINP in: g8 (rows x Vp E5M2 bytes and the descale after them),
+ *                     params_fp8t (--recompute fp8: params_bf16), fp8_state; MATMUL_DW in: g8,
+ *                     nf (N, C) bf16, fp8_state, g8^T and nf^T in E4M3 made in its scratch.
  *   GELU_BWD          in: pre (N, 4C) bf16, dout (N, 4C) bf16. out: dpre (N, 4C) bf16
  *                     [, grads, post (N, 4C) bf16]. attr layer. param[0] = FC bias (>= 0, with
  *                     grads): also the fc bias gradient, the column sums of dpre ("=" when
@@ -152,6 +156,8 @@
  *   RELU2_BWD         in: pre, dpost. out: dpre (in place on dpost).
  *   SOFTCAP_CE        as CROSSENTROPY, over all Vp columns of soft-capped logits
  *                     (kernels/softcap.h); training: the gradient of the SUM of the losses.
+ *                     fp8 = 1: out[0] is g8 (u8, rows x Vp + 16): the gradient in E5M2 times
+ *                     NG_FP8_HEAD_GSCALE, then its descale (float); the logits are only read.
  *
  * References: docs/DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op
  * order.
@@ -266,7 +272,8 @@ struct ng_op {
 	int overwrite;             /* MATMUL_DW: the step's first writer of its gradient: "=" (beta
 	                            * 0) instead of "+="; ZERO with param[0] >= 0: that parameter's
 	                            * gradient range only; GELU_BWD with the fc bias: "=" too */
-	int fp8;                   /* MATMUL_FWD / DINP: fp8 operands (see the kind's comment) */
+	int fp8;                   /* MATMUL_FWD / DINP (the speedrun head: DW, SOFTCAP_CE): fp8
+	                            * operands or output (see the kind's comment) */
 	int residual;              /* MATMUL_FWD: 1 = out = in[n_in - 1] (rows, OC) bf16 + the
 	                            * product (the block's residual add, in the matmul's epilogue) */
 	int own;                   /* MATMUL_DINP: 1 = our own GEMM's DGELU (see the kind) */

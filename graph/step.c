@@ -687,7 +687,11 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 	g->recompute_fp8 = opt.recompute_fp8 && (opt.fp8 & NG_FP8_EVERY);
 	g->fuse_gelu = opt.fuse_gelu;
 	g->deterministic = opt.deterministic;
-	g->fp8 = kind == NG_GRAPH_TRAIN ? opt.fp8 & NG_FP8_EVERY : 0;
+	/* the E5M2 head backward: the speedrun family's own head, in FP8 forward too */
+	int fp8 = opt.fp8 & NG_FP8_EVERY;
+	if (cfg->arch == NG_ARCH_SPEEDRUN && (opt.fp8 & NG_FP8_HEAD))
+		fp8 |= opt.fp8 & NG_FP8_HEAD_BWD;
+	g->fp8 = kind == NG_GRAPH_TRAIN ? fp8 : 0;
 	/* own is bf16: an fp8 FC-proj input gradient (--fp8) keeps cuBLASLt's DGELU */
 	if (g->fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ))
 		g->fuse_gelu &= ~NG_GELU_FUSE_OWN;
@@ -716,8 +720,8 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 		g->t_fp8_state = ng_graph_add_tensor(g, "fp8_state", NG_DTYPE_F32,
 						     NG_ROLE_OPT_STATE, true, 1, F, 0);
 	}
-	if ((opt.fp8 & NG_FP8_DINP_ALL) && !g->recompute_fp8) {
-		size_t P8[1] = { ng_fp8t_at(&g->lay, opt.fp8, 4) };
+	if ((fp8 & (NG_FP8_DINP_ALL | NG_FP8_HEAD_BWD)) && !g->recompute_fp8) {
+		size_t P8[1] = { ng_fp8t_at(&g->lay, fp8, 5) };
 		g->t_params_fp8t = ng_graph_add_tensor(g, "params_fp8t", NG_DTYPE_U8,
 						       NG_ROLE_PARAM_BF16, true, 1, P8, 0);
 	}

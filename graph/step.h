@@ -63,6 +63,15 @@ extern "C" {
  *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
  *    forward's weight scale, so both share the weight descale). The dW matmuls stay bf16.
+ *  - The speedrun head's backward (NG_FP8_HEAD_BWD, with NG_FP8_HEAD; the speedrun family
+ *    only): the soft-capped loss writes its gradient as g8 = E5M2(dz x NG_FP8_HEAD_GSCALE), a
+ *    static scale as the speedrun's reference (|dz| <= cap / (4 div) = 0.036 keeps it below
+ *    16, far from saturation), with the descale 1 / NG_FP8_HEAD_GSCALE in the 16 bytes after
+ *    the chunk's bytes ("g8.c<k>", u8); the dinp matmul multiplies g8 by the head's W^T in
+ *    E4M3 (the last block of params_fp8t, cast by FP8_PREP with the forward's weight scale),
+ *    and the dW matmul g8^T by nf^T in E4M3 (both transposed into its scratch: FP8 GEMMs take
+ *    the reduced dimension contiguous; nf with the forward's input scale), fp32 out. A chunk
+ *    of rows not a multiple of 16 keeps the bf16 backward.
  */
 /* Which matmuls are fp8 (step options .fp8). AUTO: the executor times each kind both ways at
  * plan time (the cast of the input included) and keeps the faster; with --deterministic,
@@ -72,7 +81,8 @@ enum ng_fp8_kinds { NG_FP8_QKV = 1, NG_FP8_ATTPROJ = 2, NG_FP8_FC = 4, NG_FP8_FC
 		    NG_FP8_HEAD = 16, NG_FP8_ALL = 31, NG_FP8_AUTO = 32,
 		    NG_FP8_DINP_QKV = 64, NG_FP8_DINP_ATTPROJ = 128, NG_FP8_DINP_FC = 256,
 		    NG_FP8_DINP_FCPROJ = 512, NG_FP8_DINP_ALL = 960,
-		    NG_FP8_EVERY = NG_FP8_ALL | NG_FP8_DINP_ALL };
+		    NG_FP8_EVERY = NG_FP8_ALL | NG_FP8_DINP_ALL, NG_FP8_HEAD_BWD = 1024 };
+#define NG_FP8_HEAD_GSCALE 448.0 /* the speedrun head's E5M2 gradient scale (1 / its grad_s) */
 #define NG_FP8_DINP_SHIFT 6 /* dinp bit of a layer kind = its forward bit << 6 */
 static inline int ng_fp8_bit(enum ng_op_which w)
 {
@@ -126,14 +136,17 @@ static inline int ng_fp8_dinp_slot(int L, enum ng_op_which w, int layer)
 	return s < 0 ? -1 : ng_fp8_fwd_slots(L) + s;
 }
 /* params_fp8t: the transposed E4M3 weights of the fp8 dinp kinds (bits of mask), one block per
- * kind in the order qkv, attproj, fc, fcproj, each its L matrices back to back. Elements before
- * kind k's block (k = which - QKV); k = 4: the whole tensor. */
+ * kind in the order qkv, attproj, fc, fcproj, each its L matrices back to back, then with
+ * NG_FP8_HEAD_BWD the speedrun head's. Elements before kind k's block (k = which - QKV, the
+ * head 4); k = 5: the whole tensor. */
 static inline size_t ng_fp8t_at(const struct ng_gpt_layout *lay, int mask, int k)
 {
-	static const int ids[4] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW };
+	static const int ids[5] = { NG_P_QKVW, NG_P_ATTPROJW, NG_P_FCW, NG_P_FCPROJW, NG_P_HEADW };
+	static const int bits[5] = { NG_FP8_DINP_QKV, NG_FP8_DINP_ATTPROJ, NG_FP8_DINP_FC,
+				     NG_FP8_DINP_FCPROJ, NG_FP8_HEAD_BWD };
 	size_t at = 0;
-	for (int j = 0; j < k; j++)
-		if (mask & (1 << (j + NG_FP8_DINP_SHIFT)))
+	for (int j = 0; j < k && j < 5; j++)
+		if (mask & bits[j])
 			at += lay->p[ids[j]].numel;
 	return at;
 }
@@ -166,6 +179,12 @@ static inline size_t ng_fp8_weight_bytes(const struct ng_gpt_config *c, enum ng_
 static inline size_t ng_fp8_input_bytes(size_t rows, size_t ic)
 {
 	return (rows * ic + 255) / 256 * 256;
+}
+/* Bytes in front of the cuBLASLt workspace in the scratch of the speedrun head's fp8 dW over
+ * `rows` rows: g8^T (Vp, rows), then nf^T (C, rows) in E4M3. */
+static inline size_t ng_fp8_head_dw_bytes(size_t rows, size_t Vp, size_t C)
+{
+	return ng_fp8_input_bytes(rows, Vp) + ng_fp8_input_bytes(rows, C);
 }
 
 /* Workspace sizes in bytes; estimates made without a GPU. */

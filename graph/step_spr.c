@@ -218,11 +218,14 @@ static void forward(struct ng_bld *b, struct spr_fwd *f, int scalars)
 }
 
 /* The head in chunks, the soft-capped loss (with its gradient and the head's backward when
- * dnf >= 0), then the losses' mean into loss_dst. */
+ * dnf >= 0), then the losses' mean into loss_dst. With NG_FP8_HEAD_BWD a chunk of a multiple
+ * of 16 rows takes the E5M2 backward (graph/step.h "FP8"): the loss writes g8.c<k>, which the
+ * dinp and dW matmuls read instead of the bf16 gradient. */
 static void classifier(struct ng_bld *b, const struct spr_fwd *f, int dnf, int loss_dst)
 {
 	struct ng_graph *g = b->g;
 	const int N = (int)b->N, rows = g->head_chunk_rows;
+	const int head8 = dnf >= 0 && (g->fp8 & NG_FP8_HEAD) && (g->fp8 & NG_FP8_HEAD_BWD);
 	b->phase = NG_PHASE_LOSS;
 	int losses = ng_bld_act(b, "losses", NG_DTYPE_F32, 1, b->N, 1, 1);
 	for (int c = 0, r0 = 0; r0 < N; c++, r0 += rows) {
@@ -238,31 +241,47 @@ static void classifier(struct ng_bld *b, const struct spr_fwd *f, int dnf, int l
 		op.row_count = n;
 		size_t in8 = ng_bld_fp8_in(b, &op, b->C, -1); /* the FP8 head: nf cast here */
 		emit(b, op, b->ws.matmul + in8);
+		int g8 = -1;
+		if (head8 && n % 16 == 0) {
+			snprintf(name, sizeof(name), "g8.c%d", c);
+			g8 = ng_bld_act(b, name, NG_DTYPE_U8, 1, (size_t)n * b->Vp + 16, 1, 1);
+		}
 		op = dnf < 0 ? ng_bld_mk(NG_OP_SOFTCAP_CE, NG_OP_WHICH_NONE, -1,
 					 IN(logits, f->targets), OUT(losses))
-			     : ng_bld_mk(NG_OP_SOFTCAP_CE, NG_OP_WHICH_NONE, -1,
-					 IN(logits, f->targets), OUT(logits, losses));
+		     : g8 >= 0 ? ng_bld_mk(NG_OP_SOFTCAP_CE, NG_OP_WHICH_NONE, -1,
+					   IN(logits, f->targets), OUT(g8, losses))
+			       : ng_bld_mk(NG_OP_SOFTCAP_CE, NG_OP_WHICH_NONE, -1,
+					   IN(logits, f->targets), OUT(logits, losses));
 		op.no_grad = dnf < 0;
+		op.fp8 = g8 >= 0;
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
 		emit(b, op, b->ws.crossentropy);
 		if (dnf < 0)
 			continue;
-		op = ng_bld_mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_HEAD, -1,
-			       IN(logits, g->t_params_bf16), OUT(dnf));
+		size_t wt8 = g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, NG_OP_WHICH_HEAD) : 0;
+		op = g8 >= 0 ? ng_bld_mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_HEAD, -1,
+					 IN(g8, g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8t,
+					    g->t_fp8_state), OUT(dnf))
+			     : ng_bld_mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_HEAD, -1,
+					 IN(logits, g->t_params_bf16), OUT(dnf));
 		op.param[0] = NG_P_HEADW;
+		op.fp8 = g8 >= 0;
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
-		emit(b, op, b->ws.matmul);
-		op = ng_bld_mk(NG_OP_MATMUL_DW, NG_OP_WHICH_HEAD, -1, IN(logits, f->nf),
-			       OUT(g->t_grads));
+		emit(b, op, b->ws.matmul + (g8 >= 0 ? wt8 : 0));
+		op = g8 >= 0 ? ng_bld_mk(NG_OP_MATMUL_DW, NG_OP_WHICH_HEAD, -1,
+					 IN(g8, f->nf, g->t_fp8_state), OUT(g->t_grads))
+			     : ng_bld_mk(NG_OP_MATMUL_DW, NG_OP_WHICH_HEAD, -1, IN(logits, f->nf),
+					 OUT(g->t_grads));
 		op.param[0] = NG_P_HEADW;
+		op.fp8 = g8 >= 0;
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
-		emit(b, op, b->ws.matmul);
+		emit(b, op, b->ws.matmul + (g8 >= 0 ? ng_fp8_head_dw_bytes(n, b->Vp, b->C) : 0));
 	}
 	emit(b, ng_bld_mk(NG_OP_LOSS_ACCUMULATE, NG_OP_WHICH_NONE, -1, IN(losses), OUT(loss_dst)),
 	     0);

@@ -5,6 +5,10 @@
  * scalar tail, and a capped grid striding over the tensor. amax: a block maximum, then one
  * atomicMax per block (max is order-independent, so the result is deterministic).
  * The conversion is cuda_fp8.h's __nv_cvt_float_to_fp8 (round to nearest even, __NV_SATFINITE).
+ * The byte transpose (ng_transpose_u8) moves ~0.8-2.5 GB at the head's shapes (16384 to 49152
+ * tokens x 50304), so it is shaped for bandwidth: 128 x 128 byte tiles in shared memory with
+ * 16-byte global loads and stores and full 128-byte lines per warp on both sides; a byte path
+ * takes the other shapes.
  */
 #include <cuda_fp8.h>
 
@@ -395,4 +399,110 @@ extern "C" enum ng_status ng_fp8_cast_e4m3(uint8_t *out, const ng_bf16 *in, cons
 					   size_t n, cudaStream_t s)
 {
 	return ng_fp8_cast_e4m3_seg(out, in, scale, NULL, n, 1, s);
+}
+
+/* Byte transpose, 128 x 128 tiles of in, 256 threads. Phase 1: each thread copies four 16-byte
+ * pieces of tile rows into shared memory (eight threads a row: 128-byte lines). Phase 2: thread
+ * (g, h) = (tid / 8, tid % 8) reads the 16 x 4 bytes of tile rows 16h..16h+15 and columns
+ * 4g..4g+3 as 16 words, transposes them as four 4 x 4 byte blocks in registers, and stores one
+ * 16-byte piece of each of output rows 4g..4g+3 (eight threads an output row: 128-byte lines).
+ * Chunk q of tile row rr (16 bytes) is stored at chunk q ^ (rr / 16): a quarter warp's stores
+ * (one row) and a warp's word reads (8 row groups h x the 4 words of chunk g / 4) both fall on
+ * 32 distinct banks. rows and cols are multiples of 16, so a 16-byte piece is wholly inside the
+ * matrix or wholly outside; pieces outside are neither read nor written (the shared words they
+ * would fill feed only outputs that are skipped). */
+#define TR_TILE 128
+#define TR_THREADS 256
+#define TR_CHUNKS (TR_TILE / 16) /* 16-byte chunks in a tile row */
+
+/* o[j] = byte j of w[0], w[1], w[2], w[3] (as bytes 0..3): the transpose of a 4 x 4 byte block
+ * whose row i is word w[i]. */
+static __device__ __forceinline__ void transpose4x4_u8_(unsigned o[4], const unsigned w[4])
+{
+	unsigned a = __byte_perm(w[0], w[1], 0x5140), b = __byte_perm(w[2], w[3], 0x5140);
+	unsigned c = __byte_perm(w[0], w[1], 0x7362), d = __byte_perm(w[2], w[3], 0x7362);
+	o[0] = __byte_perm(a, b, 0x5410);
+	o[1] = __byte_perm(a, b, 0x7632);
+	o[2] = __byte_perm(c, d, 0x5410);
+	o[3] = __byte_perm(c, d, 0x7632);
+}
+
+static __global__ void __launch_bounds__(TR_THREADS)
+transpose_u8_tile16(uint8_t *__restrict__ out, const uint8_t *__restrict__ in, int rows, int cols)
+{
+	__shared__ uint4 tile[TR_TILE * TR_CHUNKS];
+	const int r0 = blockIdx.y * TR_TILE, c0 = blockIdx.x * TR_TILE;
+	const int nr = min(TR_TILE, rows - r0), nc = min(TR_TILE, cols - c0);
+#pragma unroll
+	for (int u = 0; u < TR_TILE * TR_CHUNKS / TR_THREADS; u++) {
+		int k = threadIdx.x + u * TR_THREADS, rr = k / TR_CHUNKS, q = k % TR_CHUNKS;
+		if (rr < nr && 16 * q < nc)
+			tile[rr * TR_CHUNKS + (q ^ (rr / 16))] = __ldcs(
+				reinterpret_cast<const uint4 *>(in + (size_t)(r0 + rr) * cols + c0 + 16 * q));
+	}
+	__syncthreads();
+	const int g = threadIdx.x / 8, h = threadIdx.x % 8;
+	if (16 * h >= nr || 4 * g >= nc) /* nc % 16 == 0: then columns 4g..4g+3 all lie inside */
+		return;
+	const unsigned *tw = reinterpret_cast<const unsigned *>(tile);
+	unsigned o[4][4]; /* o[j][m]: output row 4g + j, bytes 16h + 4m .. 16h + 4m + 3 */
+#pragma unroll
+	for (int m = 0; m < 4; m++) {
+		unsigned w[4], t[4];
+#pragma unroll
+		for (int i = 0; i < 4; i++) /* tile row 16h + 4m + i, whose rr / 16 is h */
+			w[i] = tw[(16 * h + 4 * m + i) * TR_TILE / 4 + 4 * ((g / 4) ^ h) + g % 4];
+		transpose4x4_u8_(t, w);
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			o[j][m] = t[j];
+	}
+#pragma unroll
+	for (int j = 0; j < 4; j++)
+		*reinterpret_cast<uint4 *>(out + (size_t)(c0 + 4 * g + j) * rows + r0 + 16 * h) =
+			make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
+}
+
+/* Any shape: 64 x 64 byte tiles, one byte a load and a store. Tile rows are 68 bytes (17 words)
+ * apart, so the column reads of 32 consecutive rows fall on 32 distinct banks. */
+#define TRB_TILE 64
+static __global__ void __launch_bounds__(TR_THREADS)
+transpose_u8_bytes(uint8_t *__restrict__ out, const uint8_t *__restrict__ in, int rows, int cols)
+{
+	__shared__ uint8_t tile[TRB_TILE][TRB_TILE + 4];
+	const int r0 = blockIdx.y * TRB_TILE, c0 = blockIdx.x * TRB_TILE;
+	for (int k = threadIdx.x; k < TRB_TILE * TRB_TILE; k += TR_THREADS) {
+		int rr = k / TRB_TILE, cc = k % TRB_TILE;
+		if (r0 + rr < rows && c0 + cc < cols)
+			tile[rr][cc] = in[(size_t)(r0 + rr) * cols + c0 + cc];
+	}
+	__syncthreads();
+	for (int k = threadIdx.x; k < TRB_TILE * TRB_TILE; k += TR_THREADS) {
+		int cc = k / TRB_TILE, rr = k % TRB_TILE;
+		if (r0 + rr < rows && c0 + cc < cols)
+			out[(size_t)(c0 + cc) * rows + r0 + rr] = tile[rr][cc];
+	}
+}
+
+extern "C" enum ng_status ng_transpose_u8(uint8_t *out, const uint8_t *in, int rows, int cols,
+					  cudaStream_t s)
+{
+	if (!out || !in || rows < 1 || cols < 1 || (rows + TRB_TILE - 1) / TRB_TILE > 65535)
+		return ng_check_arg_fail("ng_transpose_u8", "need device pointers and 1 <= rows <= "
+					 "%d, cols >= 1, got out %p, in %p, rows %d, cols %d",
+					 65535 * TRB_TILE, (void *)out, (const void *)in, rows, cols);
+	size_t n = (size_t)rows * cols;
+	if ((uintptr_t)out < (uintptr_t)in + n && (uintptr_t)in < (uintptr_t)out + n)
+		return ng_check_arg_fail("ng_transpose_u8", "out (%p) overlaps in (%p), %zu bytes",
+					 (void *)out, (const void *)in, n);
+	if (rows % 16 == 0 && cols % 16 == 0 && ng_aligned16_(in) && ng_aligned16_(out)) {
+		dim3 grid((unsigned)((cols + TR_TILE - 1) / TR_TILE),
+			  (unsigned)((rows + TR_TILE - 1) / TR_TILE));
+		transpose_u8_tile16<<<grid, TR_THREADS, 0, s>>>(out, in, rows, cols);
+		return NG_LAUNCH_CHECK("transpose_u8_tile16");
+	}
+	dim3 grid((unsigned)((cols + TRB_TILE - 1) / TRB_TILE),
+		  (unsigned)((rows + TRB_TILE - 1) / TRB_TILE));
+	transpose_u8_bytes<<<grid, TR_THREADS, 0, s>>>(out, in, rows, cols);
+	return NG_LAUNCH_CHECK("transpose_u8_bytes");
 }

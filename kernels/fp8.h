@@ -7,7 +7,8 @@
  * E4M3 (OCP FP8): 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest finite 448, smallest
  * normal 2^-6, subnormal step 2^-9; no infinities (S.1111.111 is NaN). The cast multiplies in
  * fp32, then rounds to nearest even and saturates to +-448 (__NV_SATFINITE); NaN stays NaN.
- * bf16 pointers 16-byte aligned, any n (a scalar tail handles n % 8). Valid C11.
+ * bf16 pointers 16-byte aligned, any n (a scalar tail handles n % 8). Also the byte transpose
+ * that gives an FP8 matmul the other layout of an FP8 operand. Valid C11.
  */
 #ifndef NG_KERNELS_FP8_H
 #define NG_KERNELS_FP8_H
@@ -112,6 +113,14 @@ enum ng_status ng_fp8_amax_fold(float *amax, int sub, int stride, int nseg, unsi
 enum ng_status ng_fp8_roll_scales_fmt(enum ng_fp8_format fmt, float *hist, float *amax, int sub,
 				      int stride, float *scale, float *descale, int nseg, int H,
 				      int margin, cudaStream_t s);
+
+/* out = in^T for bytes (FP8 tensors of any format): in (rows, cols) row-major, out (cols, rows)
+ * row-major, both dense; out must not overlap in. 16-byte loads and stores when rows and cols
+ * are multiples of 16 and both pointers 16-byte aligned (the head's dz: N tokens x 50304), else
+ * a byte path; rows <= 65535 x 64. */
+enum ng_status ng_transpose_u8(uint8_t *out,      /* (cols, rows) bytes, = */
+			       const uint8_t *in, /* (rows, cols) bytes */
+			       int rows, int cols, cudaStream_t s);
 
 #ifdef __cplusplus
 }

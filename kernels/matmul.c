@@ -126,12 +126,13 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: accumulate is for DW, "
 					 "or FWD without gelu (a residual add)", k, sp->N, sp->IC,
 					 sp->OC);
-	if (sp->fp8 && (sp->kind == NG_MATMUL_DW || sp->IC % 16 || sp->OC % 16)) {
-		ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: fp8 is FWD or DINP only, "
-				  "with IC and OC multiples of 16", k, sp->N, sp->IC, sp->OC);
-		ng_hint("FP8 operands need 16-byte leading dimensions, and cuBLASLt's FP8 path the "
-			"transposed-A (\"TN\") layout, which dW would need both operands transposed "
-			"for");
+	if (sp->fp8 && (sp->IC % 16 || sp->OC % 16 ||
+			(sp->kind == NG_MATMUL_DW && (sp->N % 16 || sp->bias)))) {
+		ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: fp8 needs IC and OC "
+				  "multiples of 16, and a DW also N a multiple of 16 and no bias", k,
+				  sp->N, sp->IC, sp->OC);
+		ng_hint("FP8 operands need 16-byte leading dimensions in cuBLASLt's transposed-A "
+			"(\"TN\") layout; a DW takes both operands transposed, (OC, N) and (IC, N)");
 		return NG_ERR_INPUT;
 	}
 	if (sp->own && (sp->kind != NG_MATMUL_DINP || !sp->gelu || sp->fp8))
@@ -183,6 +184,11 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 	default: /* NG_MATMUL_DW */
 		mm->m = sp->IC; mm->n = sp->OC; mm->k = sp->N;
 		tb = CUBLAS_OP_T; ar = IC; ac = N; br = OC; bc = N;
+		if (sp->fp8) { /* A = inp^T (IC, N), B = dout^T (OC, N) row-major: "TN" */
+			ta = CUBLAS_OP_T;
+			tb = CUBLAS_OP_N;
+			ar = N; ac = IC; br = N; bc = OC;
+		}
 		dt = CUDA_R_32F;
 		if (sp->bias && !mm->colsum)
 			epi = CUBLASLT_EPILOGUE_BGRADB;
@@ -221,10 +227,11 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 		    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &fake, sizeof(fake)))
 			return NG_ERR_RUNTIME;
 	}
-	/* FWD: A = W, B = inp, both E4M3; DINP: A = W^T in E4M3, B = dout in E5M2 */
+	/* FWD: A = W, B = inp, both E4M3; DINP: A = W^T in E4M3, B = dout in E5M2; DW: A =
+	 * inp^T in E4M3, B = dout^T in E5M2 */
 	cudaDataType_t a_t = sp->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
 	cudaDataType_t b_t = !sp->fp8 ? CUDA_R_16BF
-			     : sp->kind == NG_MATMUL_DINP ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+			     : sp->kind == NG_MATMUL_FWD ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 	if (NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->a, a_t, ar, ac, (int64_t)ar)) ||
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->b, b_t, br, bc, (int64_t)br)) ||
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->c, dt, (uint64_t)mm->m, (uint64_t)mm->n,

@@ -152,9 +152,10 @@ struct ng_matmul_spec {
 	                 * + the product (beta = 1, see the table above) */
 	int autotune;   /* time the heuristic's top candidates at plan time, keep the fastest */
 	int fp8;        /* FWD: inp and W are E4M3 bytes (kernels/fp8.h); DINP: dout is E5M2 and
-	                 * W comes as its transpose (IC, OC) in E4M3; each with a device descale
-	                 * (ng_matmul_run_fp8); out, aux and bias stay bf16; IC and OC multiples
-	                 * of 16; needs an FP8 GPU (sm_89 / sm_90); not DW */
+	                 * W comes as its transpose (IC, OC) in E4M3; DW (no bias): both operands
+	                 * transposed, dout^T (OC, N) E5M2 and inp^T (IC, N) E4M3, dW fp32; each
+	                 * with a device descale (ng_matmul_run_fp8); out, aux and bias stay bf16;
+	                 * IC and OC (DW: and N) multiples of 16; needs an FP8 GPU (sm_89 / sm_90) */
 	int own;        /* DINP with gelu, bf16: run our own Hopper GEMM (kernels/gemm_sm90.h) with
 	                 * the DGELU epilogue, untimed, no cuBLASLt: W comes as its transpose (IC,
 	                 * OC), and ng_matmul_run_dgelu can write GELU(aux) as well (the activation
@@ -257,7 +258,9 @@ enum ng_status ng_matmul_run_residual(const struct ng_matmul *mm, void *out, con
 
 /* Run an fp8 plan. FWD: a = inp (N, IC) E4M3, b = W (OC, IC) E4M3, out = a_descale *
  * b_descale * (a @ b^T) (+ bias) (GELU), bf16. DINP: a = dout (N, OC) E5M2, b = W^T (IC, OC)
- * E4M3, out (N, IC) = a_descale * b_descale * (a @ b^T) (DGELU with aux), bf16. The descales are device floats (kernels/fp8.h), read when
+ * E4M3, out (N, IC) = a_descale * b_descale * (a @ b^T) (DGELU with aux), bf16. DW: a = dout^T
+ * (OC, N) E5M2, b = inp^T (IC, N) E4M3, out (OC, IC) fp32 (+)= a_descale * b_descale * (a @
+ * b^T). The descales are device floats (kernels/fp8.h), read when
  * the matmul runs, so a captured graph follows their updates; each must be 16-byte aligned
  * (cuBLASLt answers CUBLAS_STATUS_NOT_SUPPORTED otherwise). Other pointers as ng_matmul_run. */
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,

@@ -21,10 +21,17 @@
  * one write of the row (kernels/loss.cu measured this 1.45x faster than re-reading the row).
  * ng_softcap_crossentropy_fwd, longer rows and other Vp -> softcap_ce_block_per_row: pass 1
  * reads the row (W = 8: 16-byte loads, W = 1: one element a load, for Vp % 8 != 0 or an
- * unaligned z), with GRAD pass 2 re-reads it and writes dz in place. The target's logit is read
- * before pass 1 (pass 2 of other threads overwrites it). Sums are fp32 in a fixed order: the
+ * unaligned z), with a gradient pass 2 re-reads it and writes dz. The target's logit is read
+ * before pass 1 (pass 2 of other threads may overwrite it). Sums are fp32 in a fixed order: the
  * same bits every run.
+ * Both kernels are templates on what becomes of the gradient (enum sc_out): nothing (the
+ * forward), bf16 over z, or, for ng_softcap_crossentropy_e5m2, the E5M2 bytes of dz * gscale in
+ * a separate buffer g8 (z read only) for an FP8 backward matmul of the head: the same fp32 dz,
+ * multiplied in fp32 and cast with cuda_fp8.h's round-to-nearest-even, saturating conversion;
+ * 8 bytes a store on the vector paths (g8 8-byte aligned), one on the scalar path.
  */
+#include <cuda_fp8.h>
+
 #include "kernels/common.cuh"
 
 #include "kernels/softcap.h"
@@ -84,11 +91,49 @@ static __device__ __forceinline__ void sc_write_loss(float *losses, int row, boo
 	losses[row] = tg_ok ? fmaf(cap, q, lsum) : NAN;
 }
 
-/* Two passes over row blockIdx.x in global memory, W columns a load. */
-template <bool GRAD, int W>
+/* What a kernel makes of the gradient: nothing (the forward), bf16 dz written over z, or the
+ * E5M2 bytes of dz * gscale written to g8. */
+enum sc_out { SC_NONE, SC_BF16, SC_E5M2 };
+
+/* The E5M2 output (read by SC_E5M2 kernels only). */
+struct sc_g8 {
+	uint8_t *g8;    /* (N, Vp) E5M2 bytes, row stride Vp, = */
+	float gscale;   /* the factor of dz before the cast */
+	float *descale; /* (1) fp32, = 1 / gscale by block 0, or NULL */
+	float inv;      /* 1 / gscale, divided on the host */
+};
+
+/* E5M2 of x * gscale: round to nearest even, saturating to +-57344 (NaN stays NaN). */
+static __device__ __forceinline__ uint8_t sc_e5m2(float x, float gscale)
+{
+	return __nv_cvt_float_to_fp8(x * gscale, __NV_SATFINITE, __NV_E5M2);
+}
+
+/* The same for 8 columns, byte k = column k: one conversion instruction per pair on sm_89+
+ * (the pair form's low byte is .x), the same bytes as sc_e5m2. */
+static __device__ __forceinline__ uint2 sc_e5m2x8(const float x[8], float gscale)
+{
+	unsigned w[4];
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		w[k] = __nv_cvt_float2_to_fp8x2(make_float2(x[2 * k] * gscale,
+							    x[2 * k + 1] * gscale),
+						__NV_SATFINITE, __NV_E5M2);
+	return make_uint2(w[0] | w[1] << 16, w[2] | w[3] << 16);
+}
+
+/* Block 0's thread 0 writes the descale that the FP8 matmul reading g8 takes. */
+static __device__ __forceinline__ void sc_write_descale(const struct sc_g8 &o)
+{
+	if (o.descale && blockIdx.x == 0 && threadIdx.x == 0)
+		*o.descale = o.inv;
+}
+
+/* Two passes over row blockIdx.x in global memory, W columns a load; OUT: enum sc_out. */
+template <int OUT, int W>
 static __global__ void __launch_bounds__(SC_THREADS)
-softcap_ce_block_per_row(float *losses, __nv_bfloat16 *z, const int32_t *targets, int Vp,
-			 float cap, float kz, float inv_div, float dloss)
+softcap_ce_block_per_row(float *losses, __nv_bfloat16 *z, struct sc_g8 o, const int32_t *targets,
+			 int Vp, float cap, float kz, float inv_div, float dloss)
 {
 	__shared__ float sh[NG_WARP];
 	int row = blockIdx.x;
@@ -108,8 +153,10 @@ softcap_ce_block_per_row(float *losses, __nv_bfloat16 *z, const int32_t *targets
 	sum = ng_block_reduce_(sum, sh, 0.0f, ng_op_sum_());
 	float lsum = logf(sum);
 	sc_write_loss(losses, row, tg_ok, zt, lsum, kz, cap);
-	if (!GRAD)
+	if constexpr (OUT == SC_NONE)
 		return;
+	if constexpr (OUT == SC_E5M2)
+		sc_write_descale(o);
 	float lsumL = lsum * SC_LOG2E;
 	for (int c = threadIdx.x * W; c < Vp; c += SC_THREADS * W) {
 		float x[W];
@@ -117,15 +164,25 @@ softcap_ce_block_per_row(float *losses, __nv_bfloat16 *z, const int32_t *targets
 #pragma unroll
 		for (int k = 0; k < W; k++)
 			x[k] = sc_grad(x[k], c + k == tg, kz, cap, inv_div, lsumL, dloss);
-		ng_storew_<W>(zr + c, x);
+		if constexpr (OUT == SC_BF16) {
+			ng_storew_<W>(zr + c, x);
+		} else if constexpr (OUT == SC_E5M2) {
+			uint8_t *g = o.g8 + (size_t)row * Vp + c;
+			if constexpr (W == 8)
+				*reinterpret_cast<uint2 *>(g) = sc_e5m2x8(x, o.gscale);
+			else
+				*g = sc_e5m2(x[0], o.gscale);
+		}
 	}
 }
 
 /* One block per row; the row (Vp bf16, Vp % 8 == 0) lives in dynamic shared memory. Every
- * thread reads back only the vectors it copied, so the only barriers are the sum's. */
+ * thread reads back only the vectors it copied, so the only barriers are the sum's. OUT:
+ * SC_BF16 or SC_E5M2. */
+template <int OUT>
 static __global__ void __launch_bounds__(SC_THREADS)
-softcap_ce_row_in_smem(float *losses, __nv_bfloat16 *z, const int32_t *targets, int Vp, float cap,
-		       float kz, float inv_div, float dloss)
+softcap_ce_row_in_smem(float *losses, __nv_bfloat16 *z, struct sc_g8 o, const int32_t *targets,
+		       int Vp, float cap, float kz, float inv_div, float dloss)
 {
 	extern __shared__ int4 sc_row_sh[];
 	__shared__ float sh[NG_WARP];
@@ -151,6 +208,8 @@ softcap_ce_row_in_smem(float *losses, __nv_bfloat16 *z, const int32_t *targets, 
 	float zt = (threadIdx.x == 0 && tg_ok) ? __bfloat162float(row[tg]) : 0.0f;
 	float lsum = logf(sum);
 	sc_write_loss(losses, r, tg_ok, zt, lsum, kz, cap);
+	if constexpr (OUT == SC_E5M2)
+		sc_write_descale(o);
 	float lsumL = lsum * SC_LOG2E;
 	for (int i = threadIdx.x; i < nv; i += SC_THREADS) {
 		int c = 8 * i;
@@ -159,8 +218,13 @@ softcap_ce_row_in_smem(float *losses, __nv_bfloat16 *z, const int32_t *targets, 
 #pragma unroll
 		for (int k = 0; k < 8; k++)
 			x[k] = sc_grad(x[k], c + k == tg, kz, cap, inv_div, lsumL, dloss);
-		struct ng_bf16x8 v = ng_pack8_(x);
-		__stcs(reinterpret_cast<int4 *>(zr + c), *reinterpret_cast<const int4 *>(&v));
+		if constexpr (OUT == SC_BF16) {
+			struct ng_bf16x8 v = ng_pack8_(x);
+			__stcs(reinterpret_cast<int4 *>(zr + c), *reinterpret_cast<const int4 *>(&v));
+		} else {
+			__stcs(reinterpret_cast<uint2 *>(o.g8 + (size_t)r * Vp + c),
+			       sc_e5m2x8(x, o.gscale));
+		}
 	}
 }
 
@@ -181,6 +245,39 @@ static enum ng_status check_sc(const char *who, const float *losses, const void 
 /* Is the vector path open: Vp % 8 == 0 and z 16-byte aligned (then every row is)? */
 static bool sc_vec(const void *z, int Vp) { return Vp % 8 == 0 && ng_aligned16_(z); }
 
+/* The launch names of a gradient form: the row in shared memory, two passes W = 8, W = 1. */
+struct sc_names {
+	const char *smem, *vec, *scalar;
+};
+
+/* A gradient form (OUT = SC_BF16 or SC_E5M2) over checked arguments: the row in shared memory
+ * when it fits and vec (the vector path is open for every pointer), else the two passes. */
+template <int OUT>
+static enum ng_status sc_launch_grad(const struct sc_names &nm, float *losses,
+				     __nv_bfloat16 *z, struct sc_g8 o, const int32_t *targets,
+				     int N, int Vp, float cap, float div, float dloss, bool vec,
+				     cudaStream_t s)
+{
+	float kz = -SC_LOG2E / div, inv_div = 1.0f / div;
+	size_t smem = (size_t)Vp * 2;
+	enum ng_status st;
+	if (vec && smem <= SC_SMEM_MAX) {
+		if ((st = ng_ensure_smem_(softcap_ce_row_in_smem<OUT>, smem)))
+			return st;
+		softcap_ce_row_in_smem<OUT><<<N, SC_THREADS, smem, s>>>(losses, z, o, targets, Vp,
+									cap, kz, inv_div, dloss);
+		return NG_LAUNCH_CHECK(nm.smem);
+	}
+	if (vec) {
+		softcap_ce_block_per_row<OUT, 8><<<N, SC_THREADS, 0, s>>>(losses, z, o, targets, Vp,
+									   cap, kz, inv_div, dloss);
+		return NG_LAUNCH_CHECK(nm.vec);
+	}
+	softcap_ce_block_per_row<OUT, 1><<<N, SC_THREADS, 0, s>>>(losses, z, o, targets, Vp, cap,
+								   kz, inv_div, dloss);
+	return NG_LAUNCH_CHECK(nm.scalar);
+}
+
 extern "C" enum ng_status ng_softcap_crossentropy(float *losses, ng_bf16 *z,
 						  const int32_t *targets, int N, int Vp, float cap,
 						  float div, float dloss, cudaStream_t s)
@@ -189,24 +286,37 @@ extern "C" enum ng_status ng_softcap_crossentropy(float *losses, ng_bf16 *z,
 				     div);
 	if (st)
 		return st;
-	float kz = -SC_LOG2E / div, inv_div = 1.0f / div;
-	__nv_bfloat16 *zb = (__nv_bfloat16 *)z;
-	size_t smem = (size_t)Vp * 2;
-	if (sc_vec(z, Vp) && smem <= SC_SMEM_MAX) {
-		if ((st = ng_ensure_smem_(softcap_ce_row_in_smem, smem)))
-			return st;
-		softcap_ce_row_in_smem<<<N, SC_THREADS, smem, s>>>(losses, zb, targets, Vp, cap, kz,
-								   inv_div, dloss);
-		return NG_LAUNCH_CHECK("softcap_ce_row_in_smem");
-	}
-	if (sc_vec(z, Vp)) {
-		softcap_ce_block_per_row<true, 8><<<N, SC_THREADS, 0, s>>>(losses, zb, targets, Vp,
-									  cap, kz, inv_div, dloss);
-		return NG_LAUNCH_CHECK("softcap_ce_block_per_row<grad, 8>");
-	}
-	softcap_ce_block_per_row<true, 1><<<N, SC_THREADS, 0, s>>>(losses, zb, targets, Vp, cap, kz,
-								  inv_div, dloss);
-	return NG_LAUNCH_CHECK("softcap_ce_block_per_row<grad, 1>");
+	static const struct sc_names nm = {"softcap_ce_row_in_smem<bf16>",
+					   "softcap_ce_block_per_row<bf16, 8>",
+					   "softcap_ce_block_per_row<bf16, 1>"};
+	struct sc_g8 none = {NULL, 0.0f, NULL, 0.0f};
+	return sc_launch_grad<SC_BF16>(nm, losses, (__nv_bfloat16 *)z, none, targets, N, Vp, cap,
+				       div, dloss, sc_vec(z, Vp), s);
+}
+
+extern "C" enum ng_status ng_softcap_crossentropy_e5m2(float *losses, const ng_bf16 *z,
+						       uint8_t *g8, float *descale,
+						       const int32_t *targets, int N, int Vp,
+						       float cap, float div, float dloss,
+						       float gscale, cudaStream_t s)
+{
+	const char *who = "ng_softcap_crossentropy_e5m2";
+	enum ng_status st = check_sc(who, losses, z, targets, N, Vp, cap, div);
+	if (st)
+		return st;
+	/* gscale's reciprocal must be finite too: it is the descale the matmul multiplies by */
+	if (!g8 || !(gscale > 0.0f && gscale < INFINITY && 1.0f / gscale < INFINITY))
+		return ng_check_arg_fail(who, "need g8 (%p) and a finite gscale > 0 with a finite "
+					 "1 / gscale, got gscale=%g", (void *)g8, (double)gscale);
+	static const struct sc_names nm = {"softcap_ce_row_in_smem<e5m2>",
+					   "softcap_ce_block_per_row<e5m2, 8>",
+					   "softcap_ce_block_per_row<e5m2, 1>"};
+	struct sc_g8 o = {g8, gscale, descale, 1.0f / gscale};
+	/* the kernels only read z; 8-byte stores into g8 need every row 8-byte aligned, which
+	 * Vp % 8 == 0 and an 8-byte aligned g8 give */
+	bool vec = sc_vec(z, Vp) && (uintptr_t)g8 % 8 == 0;
+	return sc_launch_grad<SC_E5M2>(nm, losses, (__nv_bfloat16 *)z, o, targets, N, Vp, cap, div,
+				       dloss, vec, s);
 }
 
 extern "C" enum ng_status ng_softcap_crossentropy_fwd(float *losses, const ng_bf16 *z,
@@ -221,12 +331,13 @@ extern "C" enum ng_status ng_softcap_crossentropy_fwd(float *losses, const ng_bf
 	/* one read of the row is all it needs: pass 1 of the two-pass kernel, which never writes
 	 * through the pointer */
 	__nv_bfloat16 *zb = (__nv_bfloat16 *)z;
+	struct sc_g8 none = {NULL, 0.0f, NULL, 0.0f};
 	if (sc_vec(z, Vp)) {
-		softcap_ce_block_per_row<false, 8><<<N, SC_THREADS, 0, s>>>(losses, zb, targets, Vp,
-									   cap, kz, 0.0f, 0.0f);
+		softcap_ce_block_per_row<SC_NONE, 8><<<N, SC_THREADS, 0, s>>>(
+			losses, zb, none, targets, Vp, cap, kz, 0.0f, 0.0f);
 		return NG_LAUNCH_CHECK("softcap_ce_block_per_row<no grad, 8>");
 	}
-	softcap_ce_block_per_row<false, 1><<<N, SC_THREADS, 0, s>>>(losses, zb, targets, Vp, cap,
-								   kz, 0.0f, 0.0f);
+	softcap_ce_block_per_row<SC_NONE, 1><<<N, SC_THREADS, 0, s>>>(losses, zb, none, targets,
+								       Vp, cap, kz, 0.0f, 0.0f);
 	return NG_LAUNCH_CHECK("softcap_ce_block_per_row<no grad, 1>");
 }

@@ -174,6 +174,9 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		c->step.fp8 = NG_FP8_HEAD;
 	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && o->head_bf16)
 		c->step.fp8 &= ~NG_FP8_HEAD; /* --fp8 --head-bf16: the layers only */
+	/* and its backward: the E5M2 gradient as the reference's (graph/step.h "FP8") */
+	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && (c->step.fp8 & NG_FP8_HEAD))
+		c->step.fp8 |= NG_FP8_HEAD_BWD;
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
 	c->step.muon = ng_train_is_muon(o);

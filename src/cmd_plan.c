@@ -87,6 +87,9 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 		return st;
 	o.deterministic = pa->deterministic;
 	o.fp8 = pa->fp8 ? NG_FP8_EVERY : 0;
+	/* the speedrun model's head is FP8 both ways by default, as train makes it */
+	if (shape->model.arch == NG_ARCH_SPEEDRUN)
+		o.fp8 |= NG_FP8_HEAD | NG_FP8_HEAD_BWD;
 	o.align = (size_t)pa->align;
 	if (pa->align & (pa->align - 1))
 		return ng_fail(NG_ERR_INPUT, "--align %lld is not a power of two", pa->align);

@@ -315,15 +315,16 @@ Test(fp8, scale_extremes_are_one)
 	cudaFree(bs);
 }
 
-/* The matmul rule: max |gpu - fp64| <= 2 x max |naive fp32 - fp64| + 2^-10 of the largest
- * |fp64|, over n outputs (bf16 on the GPU, the naive loop already rounded to bf16). */
-static void expect_rule_(const uint16_t *g, const double *rf, const float *nvp, size_t n,
-			 const char *what, uint64_t seed)
+/* The matmul rule: max |gpu - fp64| <= 2 x max |naive fp32 - fp64| + atol, atol the largest
+ * |fp64| / atol_div, over n outputs gv (the GPU's, as doubles; the naive loop already rounded
+ * as the GPU's output is). */
+static void expect_rule_d_(const double *gv, const double *rf, const float *nvp, size_t n,
+			   double atol_div, const char *what, uint64_t seed)
 {
 	double ek = 0, en = 0, big = 0;
 	size_t worst = 0;
 	for (size_t i = 0; i < n; i++) {
-		double a = fabs(kt_bf16_to_f32(g[i]) - rf[i]), b = fabs(nvp[i] - rf[i]);
+		double a = fabs(gv[i] - rf[i]), b = fabs(nvp[i] - rf[i]);
 		if (!(a <= ek)) {
 			ek = isnan(a) ? INFINITY : a;
 			worst = i;
@@ -331,10 +332,38 @@ static void expect_rule_(const uint16_t *g, const double *rf, const float *nvp, 
 		en = fmax(en, b);
 		big = fmax(big, fabs(rf[i]));
 	}
-	double atol = big / 1024;
+	double atol = big / atol_div;
 	cr_expect(ek <= 2 * en + atol, "%s (seed %llu): max abs err %.3g > 2 x naive %.3g + atol "
-		  "%.3g (worst %zu: gpu %.6g ref %.6g)", what, (unsigned long long)seed, ek, en,
-		  atol, worst, (double)kt_bf16_to_f32(g[worst]), rf[worst]);
+		  "%.3g (worst %zu: gpu %.8g ref %.8g)", what, (unsigned long long)seed, ek, en,
+		  atol, worst, gv[worst], rf[worst]);
+}
+
+/* Sum k < K of a[k sa] b[k sb] in fp64 (*acc) and, naively, in fp32 (*accf): each product of
+ * FP8 values is exact in both. */
+static void dot2_(const double *a, size_t sa, const double *b, size_t sb, int K, double *acc,
+		  float *accf)
+{
+	double d = 0;
+	float f = 0;
+	for (int k = 0; k < K; k++) {
+		double p = a[(size_t)k * sa] * b[(size_t)k * sb];
+		d += p;
+		f += (float)p;
+	}
+	*acc = d;
+	*accf = f;
+}
+
+/* The rule for bf16 outputs g: atol 2^-10 of the largest |fp64|. */
+static void expect_rule_(const uint16_t *g, const double *rf, const float *nvp, size_t n,
+			 const char *what, uint64_t seed)
+{
+	double *gv = malloc(n * sizeof(double));
+	cr_assert(gv);
+	for (size_t i = 0; i < n; i++)
+		gv[i] = kt_bf16_to_f32(g[i]);
+	expect_rule_d_(gv, rf, nvp, n, 1024, what, seed);
+	free(gv);
 }
 
 /* E5M2: the codec round-trips every finite byte; the GPU cast (a gradient's format) matches
@@ -452,6 +481,71 @@ Test(fp8, cast_w_and_wt_in_one_pass)
 	}
 }
 
+/* The byte transpose (ng_transpose_u8) against a CPU loop, byte for byte: the head's 50304
+ * columns on the 16-byte path (whole 128 x 128 tiles), a shape cut by the tile edges on it (272
+ * x 400), odd and thin shapes and pointers 4 bytes past a 16-byte boundary (the byte path). The
+ * 64 bytes past the output stay as they were. */
+Test(fp8, transpose_u8_exact)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	static const struct { int rows, cols, off; } shapes[] = {
+		{ 1024, 50304, 0 }, { 272, 400, 0 }, { 16, 16, 0 }, { 333, 777, 0 },
+		{ 1, 16, 0 },       { 16, 1, 0 },    { 64, 48, 4 },
+	};
+	for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
+		const int R = shapes[t].rows, C = shapes[t].cols, off = shapes[t].off;
+		const size_t n = (size_t)R * C, pad = 64;
+		uint8_t *h = malloc(n), *got = malloc(n + pad);
+		cr_assert(h && got);
+		for (size_t i = 0; i < n; i += 8) {
+			uint64_t u = ng_rng_u64(&r);
+			memcpy(h + i, &u, n - i < 8 ? n - i : 8);
+		}
+		void *bi, *bo;
+		uint8_t *din = dev_(&bi, n, off), *dout = dev_(&bo, n + pad, off);
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, n, cudaMemcpyHostToDevice)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemset(dout, 0xAB, n + pad)));
+		cr_assert_eq(ng_transpose_u8(dout, din, R, C, 0), NG_OK, "%s", ng_error_message());
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(got, dout, n + pad, cudaMemcpyDeviceToHost)));
+		size_t bad = 0, first = 0, over = 0;
+		for (int i = 0; i < R; i++)
+			for (int c = 0; c < C; c++) {
+				size_t d = (size_t)c * R + i;
+				if (got[d] != h[(size_t)i * C + c] && bad++ == 0)
+					first = d;
+			}
+		for (size_t i = n; i < n + pad; i++)
+			over += got[i] != 0xAB;
+		cr_expect(bad == 0 && over == 0, "seed %llu, %d x %d at offset %d: %zu bytes differ "
+			  "(the first out[%zu] = 0x%02x, want 0x%02x), %zu written past the end",
+			  (unsigned long long)seed, R, C, off, bad, first, got[first],
+			  h[first % R * C + first / R], over);
+		cudaFree(bi), cudaFree(bo);
+		free(h), free(got);
+	}
+}
+
+/* Its refusals come before any device work, so this runs without a GPU. */
+Test(fp8, transpose_u8_bad_args)
+{
+	static uint8_t a[64], b[64];
+	ng_clear_error();
+	cr_expect_eq(ng_transpose_u8(NULL, a, 4, 4, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	cr_expect_eq(ng_transpose_u8(b, a, 0, 4, 0), NG_ERR_INPUT);
+	cr_expect(strstr(ng_error_message(), "rows 0"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_transpose_u8(b, a, 4, -1, 0), NG_ERR_INPUT);
+	ng_clear_error();
+	cr_expect_eq(ng_transpose_u8(a + 8, a, 4, 4, 0), NG_ERR_INPUT, "out overlapping in");
+	cr_expect(strstr(ng_error_message(), "overlaps"), "%s", ng_error_message());
+	ng_clear_error();
+}
+
 /* One fp8 DINP matmul: dinp (N, IC) = dout (N, OC, E5M2) @ W (OC, IC, given as W^T in E4M3),
  * times both descales, DGELU'd by aux when gelu; against the fp64 and naive fp32 loops over the
  * same decoded inputs (the rule of matmul_case_ below). */
@@ -486,13 +580,9 @@ static void dinp_case_(int N, int IC, int OC, int gelu)
 	float *nv = malloc(on * 4);
 	for (int n = 0; n < N; n++)
 		for (int i = 0; i < IC; i++) {
-			double acc = 0;
-			float accf = 0;
-			for (int o = 0; o < OC; o++) {
-				double p = dd[(size_t)n * OC + o] * wd[(size_t)o * IC + i];
-				acc += p;
-				accf += (float)p;
-			}
+			double acc;
+			float accf;
+			dot2_(dd + (size_t)n * OC, 1, wd + i, (size_t)IC, OC, &acc, &accf);
 			size_t j = (size_t)n * IC + i;
 			ref[j] = acc * dsc[0] * dsc[1];
 			nv[j] = accf * dsc[0] * dsc[1];
@@ -684,11 +774,12 @@ Test(fp8, matmul_bad_specs)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
-	struct ng_matmul_spec dw = { NG_MATMUL_DW, 4, 784, 784, 0, 0, 0, 0, 1, 0 };
+	struct ng_matmul_spec dw = { NG_MATMUL_DW, 24, 784, 784, 0, 0, 0, 0, 1, 0 };
 	struct ng_matmul_spec odd = { NG_MATMUL_FWD, 4, 776, 784, 0, 0, 0, 0, 1, 0 };
 	ng_clear_error();
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dw), NG_ERR_INPUT);
-	cr_expect(strstr(ng_error_message(), "fp8 is FWD or DINP only"), "%s", ng_error_message());
+	cr_expect(strstr(ng_error_message(), "a DW also N a multiple of 16"), "%s",
+		  ng_error_message());
 	ng_clear_error();
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &odd), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "IC=776"), "%s", ng_error_message());
@@ -747,3 +838,82 @@ Test(fp8, amax_fold_and_unfold)
 	ng_clear_error();
 	cudaFree(ba), cudaFree(bb);
 }
+
+/* One fp8 DW matmul: dW (OC, IC) fp32 (+)= dout^T (OC, N, E5M2) @ inp^T (IC, N, E4M3)^T times
+ * both descales, against the fp64 and naive fp32 loops over the same decoded inputs: the rule
+ * of expect_rule_ with the output in fp32 (atol 2^-16 of the largest |reference|). */
+static void dw_case_(int N, int IC, int OC, int accumulate)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t dn = (size_t)OC * N, xn = (size_t)IC * N, on = (size_t)OC * IC;
+	uint8_t *dq = malloc(dn), *xq = malloc(xn);
+	double *dd = malloc(dn * 8), *xd = malloc(xn * 8), *ref = malloc(on * 8);
+	float *init = malloc(on * 4), *nv = malloc(on * 4), *go = malloc(on * 4);
+	float ds = 57344.0f / 4.5f, xs = 448.0f / 4.5f;
+	for (size_t i = 0; i < dn; i++) {
+		dq[i] = e5m2_encode_((float)ng_rng_normal(&r) * ds);
+		dd[i] = e5m2_decode_(dq[i]);
+	}
+	for (size_t i = 0; i < xn; i++) {
+		xq[i] = e4m3_encode_((float)ng_rng_normal(&r) * xs);
+		xd[i] = e4m3_decode_(xq[i]);
+	}
+	float dsc[2] = { 1.0f / ds, 1.0f / xs };
+	for (size_t i = 0; i < on; i++)
+		init[i] = accumulate ? (float)ng_rng_normal(&r) * 4.0f : 0.0f;
+	for (int o = 0; o < OC; o++)
+		for (int i = 0; i < IC; i++) {
+			double acc;
+			float accf;
+			dot2_(dd + (size_t)o * N, 1, xd + (size_t)i * N, 1, N, &acc, &accf);
+			size_t j = (size_t)o * IC + i;
+			ref[j] = init[j] + acc * dsc[0] * dsc[1];
+			nv[j] = init[j] + accf * dsc[0] * dsc[1];
+		}
+	struct ng_matmul_ctx ctx;
+	struct ng_matmul mm;
+	struct ng_matmul_spec sp = { NG_MATMUL_DW, N, IC, OC, 0, 0, accumulate, 0, 1, 0 };
+	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
+	if (ng_matmul_plan(&mm, &ctx, &sp)) {
+		int major = 0;
+		cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+		if (major < 9)
+			cr_skip_test("no FP8 matmul on this GPU (compute capability %d.x): %s", major,
+				     ng_error_message());
+		cr_assert_fail("seed %llu: %s", (unsigned long long)seed, ng_error_message());
+	}
+	void *bd, *bx, *bo, *bs, *bws;
+	void *d_d = dev_(&bd, dn, 0), *d_x = dev_(&bx, xn, 0), *d_o = dev_(&bo, on * 4, 0);
+	float *d_s = dev_(&bs, 32, 0);
+	void *dws = mm.workspace_need ? dev_(&bws, mm.workspace_need, 0) : (bws = NULL);
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_d, dq, dn, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_x, xq, xn, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_o, init, on * 4, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_s, &dsc[0], 4, cudaMemcpyHostToDevice)));
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(d_s + 4, &dsc[1], 4, cudaMemcpyHostToDevice)));
+	cr_assert_eq(ng_matmul_run_fp8(&mm, d_o, d_d, d_x, NULL, NULL, d_s, d_s + 4, dws, 0),
+		     NG_OK, "%s", ng_error_message());
+	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(go, d_o, on * 4, cudaMemcpyDeviceToHost)));
+	double *gv = malloc(on * 8);
+	cr_assert(gv);
+	for (size_t i = 0; i < on; i++)
+		gv[i] = go[i];
+	char what[96];
+	snprintf(what, sizeof(what), "dw N=%d IC=%d OC=%d accumulate %d", N, IC, OC, accumulate);
+	expect_rule_d_(gv, ref, nv, on, 65536, what, seed);
+	free(gv);
+	ng_matmul_free(&mm);
+	ng_matmul_ctx_free(&ctx);
+	void *bufs[] = { bd, bx, bo, bs, bws };
+	for (int i = 0; i < 5; i++)
+		if (bufs[i])
+			cudaFree(bufs[i]);
+	free(dq), free(xq), free(dd), free(xd), free(ref), free(init), free(nv), free(go);
+}
+
+Test(fp8, dw_e5m2_dout) { dw_case_(160, 784, 2 * 784, 0); }
+Test(fp8, dw_accumulate_head_vp) { dw_case_(32, 768, 50304, 1); }

@@ -17,6 +17,13 @@
  * Shapes: Vp = 50304 (the row in shared memory), 60000 (too long for it: two passes), 1024,
  * 130 and 1001 (Vp % 8 != 0: the scalar path), a z offset by 2 bytes (scalar path); N = 1, 3,
  * 5, 33.
+ * The E5M2 form (g8 = E5M2(dz gscale), z untouched): each byte must decode to a value between
+ * the E5M2 roundings (ng_ref_round_e5m2: nearest even, saturating) of (dz_ref -+ tol) gscale,
+ * tol the bf16 check's tolerance above (which bounds the kernel's fp32 dz with room to spare).
+ * Rounding to nearest is monotone, so any fp32 dz within tol passes, and the byte is pinned
+ * exactly unless dz_ref gscale lies within tol gscale of a rounding midpoint. gscale = 448 (the
+ * model's), 2^20, and 2^24 (the cast saturates at +-57344); g8 offset by 8 bytes (the 8-byte
+ * stores) and by 4 (the scalar path); the descale written or not asked for.
  */
 #include <criterion/criterion.h>
 
@@ -203,6 +210,145 @@ Test(softcap, target_out_of_range)
 	bad_target_case(130, 130, 0);
 }
 
+/* The value of an E5M2 byte: 1 sign, 5 exponent bits (bias 15), 2 mantissa bits, the top byte
+ * of an IEEE half; exponent 31 is Inf (mantissa 0) or NaN. */
+static double e5m2_value(uint8_t b)
+{
+	int e = b >> 2 & 31, m = b & 3;
+	double v = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(4 + m, e - 17) : ldexp(m, -16);
+	return b & 0x80 ? -v : v;
+}
+
+/* g8 against the reference as the header says: the tolerance of dz is check_dz's (target
+ * columns apart); a NaN byte (one the kernel did not write: the buffer is filled with 0x7f
+ * first) fails. */
+static void check_g8(const char *what, uint64_t seed, const uint8_t *g8, const double *dref,
+		     const double *z, const int32_t *tg, int N, int Vp, double div, double dloss,
+		     double gscale)
+{
+	size_t n = (size_t)N * Vp, nbad = 0, first = 0, sat = 0;
+	double dmax = 0, lo1 = 0, hi1 = 0;
+	for (size_t i = 0; i < n; i++)
+		dmax = fmax(dmax, fabs(dref[i]));
+	for (int r = 0; r < N; r++)
+		for (int c = 0; c < Vp; c++) {
+			size_t j = (size_t)r * Vp + c;
+			double tol = kt_bf16_ulp(kt_round_bf16(dref[j]));
+			if (c == tg[r]) {
+				double s = CAP / (1.0 + exp(-z[j] / div));
+				tol += ldexp(dloss * s * (1.0 - s / CAP) / div, -14);
+			} else {
+				tol += ldexp(dmax, -24);
+			}
+			double lo = ng_ref_round_e5m2((dref[j] - tol) * gscale);
+			double hi = ng_ref_round_e5m2((dref[j] + tol) * gscale);
+			double g = e5m2_value(g8[j]);
+			sat += fabs(g) == 57344.0;
+			if (!(g >= lo && g <= hi) && nbad++ == 0) {
+				first = j;
+				lo1 = lo;
+				hi1 = hi;
+			}
+		}
+	cr_expect(nbad == 0,
+		  "%s: %zu of %zu bytes off; the first, row %zu column %zu: 0x%02x = %.6g, reference "
+		  "dz %.8g x gscale %g = %.6g, allowed [%.6g, %.6g]; seed %llu", what, nbad, n,
+		  first / Vp, first % Vp, g8[first], e5m2_value(g8[first]), dref[first], gscale,
+		  dref[first] * gscale, lo1, hi1, (unsigned long long)seed);
+	cr_log_info("%s: %zu of %zu bytes at +-57344", what, sat, n);
+}
+
+/* A case of the E5M2 form: logits as sc_case draws them, z and g8 placed off_z and off_g bytes
+ * past 256-byte boundaries, the gradient times gscale; descale 0: no descale pointer. */
+struct sc8_shape {
+	int N, Vp;
+	double div, mean, sd;
+	int off_z, off_g;
+	double gscale;
+	int descale;
+};
+
+static void sc8_case(const struct sc8_shape *c)
+{
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	const int N = c->N, Vp = c->Vp;
+	size_t n = (size_t)N * Vp;
+	ng_bf16 *z = kt_xmalloc(n * 2), *zback = kt_xmalloc(n * 2);
+	uint8_t *g[2] = {kt_xmalloc(n), kt_xmalloc(n)};
+	double *z_d = kt_xmalloc(n * 8), *dref = kt_xmalloc(n * 8), *lref = kt_xmalloc(N * 8);
+	kt_fill_bf16(&r, z, z_d, n, c->mean, c->sd);
+	int32_t *tg = kt_xmalloc(N * 4);
+	for (int i = 0; i < N; i++)
+		tg[i] = (int32_t)ng_rng_below(&r, (uint64_t)Vp);
+	if (N > 1)
+		tg[0] = Vp - 1;
+	double dloss = 1.0 / (N * 3.0);
+	ng_ref_softcap_crossentropy(lref, dref, z_d, tg, N, Vp, CAP, c->div, dloss);
+
+	char *d_zb = kt_upload(NULL, n * 2 + (size_t)c->off_z);
+	ng_bf16 *d_z = (ng_bf16 *)(d_zb + c->off_z);
+	kt_cuda(cudaMemcpy(d_z, z, n * 2, cudaMemcpyHostToDevice), "H2D");
+	uint8_t *d_gb = kt_upload(NULL, n + (size_t)c->off_g), *d_g = d_gb + c->off_g;
+	float *d_ds = c->descale ? kt_upload(NULL, 4) : NULL, ds = 0.0f;
+	void *d_tg = kt_upload(tg, N * 4);
+	float *d_l = kt_upload(NULL, N * 4), *l[2] = {kt_xmalloc(N * 4), kt_xmalloc(N * 4)};
+	for (int run = 0; run < 2; run++) {
+		kt_cuda(cudaMemset(d_g, 0x7f, n), "memset"); /* NaN: a byte left unwritten fails */
+		if (d_ds)
+			kt_cuda(cudaMemset(d_ds, 0xff, 4), "memset");
+		kt_ok(ng_softcap_crossentropy_e5m2(d_l, d_z, d_g, d_ds, d_tg, N, Vp, (float)CAP,
+						   (float)c->div, (float)dloss, (float)c->gscale, 0),
+		      "ng_softcap_crossentropy_e5m2");
+		kt_download(l[run], d_l, N * 4);
+		kt_download(g[run], d_g, n);
+	}
+	kt_download(zback, d_z, n * 2);
+	if (d_ds)
+		kt_download(&ds, d_ds, 4);
+	char what[192];
+	snprintf(what, sizeof(what),
+		 "softcap_crossentropy_e5m2 N=%d Vp=%d div=%g mean=%g sd=%g off_z=%d off_g=%d "
+		 "gscale=%g", N, Vp, c->div, c->mean, c->sd, c->off_z, c->off_g, c->gscale);
+	double *ld = kt_f2d(l[0], N);
+	check_nmse_(what, seed, ld, lref, N);
+	check_g8(what, seed, g[0], dref, z_d, tg, N, Vp, c->div, dloss, c->gscale);
+	cr_expect(memcmp(zback, z, n * 2) == 0, "%s changed z; seed %llu", what,
+		  (unsigned long long)seed);
+	cr_expect(!d_ds || ds == 1.0f / (float)c->gscale, "%s: descale %a, want %a", what,
+		  (double)ds, (double)(1.0f / (float)c->gscale));
+	cr_expect(memcmp(l[0], l[1], N * 4) == 0 && memcmp(g[0], g[1], n) == 0,
+		  "%s: two runs differ (not deterministic); seed %llu", what,
+		  (unsigned long long)seed);
+	cudaFree(d_zb), cudaFree(d_gb), cudaFree(d_tg), cudaFree(d_l);
+	if (d_ds)
+		cudaFree(d_ds);
+	free(z), free(zback), free(g[0]), free(g[1]), free(z_d), free(dref), free(lref), free(tg);
+	free(l[0]), free(l[1]), free(ld);
+}
+
+static const struct sc8_shape sc8_shapes[] = {
+	{5, 50304, DIV_768, 0.0, 150.0, 0, 0, 448.0, 1}, /* the row in shared memory */
+	{1, 50304, DIV_768, 100.0, 200.0, 0, 8, 1048576.0, 1},
+	{33, 1024, DIV_64, -10.0, 40.0, 0, 0, 1048576.0, 0},
+	{5, 1024, DIV_768, -3000.0, 800.0, 0, 0, 1048576.0, 1}, /* the saturated lower tail */
+	{2, 1024, DIV_64, 0.0, 40.0, 0, 0, 16777216.0, 1},      /* the cast saturates */
+	{3, 60000, DIV_768, 0.0, 150.0, 0, 8, 448.0, 1},        /* two passes, 8-byte stores */
+	{3, 1001, DIV_64, 5.0, 40.0, 0, 0, 448.0, 1},           /* the scalar path from here on */
+	{3, 1001, DIV_64, 5.0, 40.0, 0, 0, 16777216.0, 1},
+	{5, 1024, DIV_64, 0.0, 40.0, 2, 0, 448.0, 1}, /* z not 16-byte aligned */
+	{5, 1024, DIV_64, 0.0, 40.0, 0, 4, 448.0, 1}, /* g8 not 8-byte aligned */
+};
+
+Test(softcap, e5m2_gradient)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	for (size_t i = 0; i < sizeof(sc8_shapes) / sizeof(sc8_shapes[0]); i++)
+		sc8_case(&sc8_shapes[i]);
+}
+
 /* Refusals name the values; they happen before anything reaches the device, so this runs
  * without a GPU (the pointers are never dereferenced). */
 Test(softcap, bad_arguments_are_input_errors)
@@ -224,5 +370,33 @@ Test(softcap, bad_arguments_are_input_errors)
 	ng_clear_error();
 	cr_expect(ng_softcap_crossentropy_fwd(l, NULL, t, 2, 8, 30.0f, 7.5f, 0) == NG_ERR_INPUT,
 		  "z NULL must be refused");
+	ng_clear_error();
+}
+
+/* The E5M2 form's own refusals (g8, gscale), also before any device work. */
+Test(softcap, e5m2_bad_arguments_are_input_errors)
+{
+	static ng_bf16 z[16] __attribute__((aligned(16)));
+	static uint8_t g[16] __attribute__((aligned(16)));
+	static float l[2], d;
+	static int32_t t[2];
+	const float bad[] = {0.0f, -448.0f, INFINITY, NAN, 1e-45f}; /* 1e-45: 1 / gscale is Inf */
+	ng_clear_error();
+	cr_expect(ng_softcap_crossentropy_e5m2(l, z, NULL, &d, t, 2, 8, 30.0f, 7.5f, 1.0f, 448.0f,
+					       0) == NG_ERR_INPUT,
+		  "g8 NULL must be refused");
+	ng_clear_error();
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_expect(ng_softcap_crossentropy_e5m2(l, z, g, &d, t, 2, 8, 30.0f, 7.5f, 1.0f,
+						       bad[i], 0) == NG_ERR_INPUT,
+			  "gscale %g must be refused", (double)bad[i]);
+		cr_expect(strstr(ng_error_message(), "gscale=") != NULL, "message: %s",
+			  ng_error_message());
+		ng_clear_error();
+	}
+	cr_expect(ng_softcap_crossentropy_e5m2(l, z, g, &d, t, 2, 8, 100.0f, 7.5f, 1.0f, 448.0f,
+					       0) == NG_ERR_INPUT,
+		  "cap 100 (> 64) must be refused");
+	cr_expect(strstr(ng_error_message(), "cap=100") != NULL, "message: %s", ng_error_message());
 	ng_clear_error();
 }

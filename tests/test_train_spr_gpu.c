@@ -111,9 +111,10 @@ static int has_fp8(void)
 	return major * 10 + minor >= 89;
 }
 
-/* head_fp8 1: the GPU head's forward in E4M3 (step option NG_FP8_HEAD), against the
- * reference's simulation of it (head_fp8 = 2) with the scales of this first step after a
- * restore: the input's descale 1 (no history yet), the weight's max |w| / 448.
+/* head_fp8 1: the GPU head in FP8, forward E4M3 and backward E5M2 (step options NG_FP8_HEAD,
+ * NG_FP8_HEAD_BWD), against the reference's simulation of it (head_fp8 = 3) with the scales of
+ * this first step after a restore: the input's descale 1 (no history yet), the weight's
+ * max |w| / 448, the gradient's 1 / 448.
  * head_fp8 2: --fp8, every layer matmul's forward in E4M3 and its dinp E5M2 x E4M3 too, against
  * the exact reference, with tests/test_train_gpu.c's fp8 bounds: an E4M3 forward matmul's
  * output off by about sqrt(2/3) 2^-4 = 0.051 relative, the loss 2e-2; an input gradient by
@@ -125,7 +126,8 @@ static void step_matches(int B, int T, int K, int head_fp8)
 	ng_rng_seed(&r, seed);
 	struct ng_exec_config c;
 	spr_config(&c, B, T, K, 0);
-	const int fp8 = head_fp8 == 2 ? NG_FP8_EVERY : head_fp8 ? NG_FP8_HEAD : 0;
+	const int fp8 = head_fp8 == 2   ? NG_FP8_EVERY | NG_FP8_HEAD_BWD
+			: head_fp8 ? NG_FP8_HEAD | NG_FP8_HEAD_BWD : 0;
 	const double tol_grad = head_fp8 == 2 ? 0.33 : 4e-2, tol_loss = head_fp8 == 2 ? 2e-2 : 1e-2;
 	c.step.fp8 = fp8;
 	struct ng_exec e;
@@ -155,7 +157,7 @@ static void step_matches(int B, int T, int K, int head_fp8)
 	ng_cpu_spr_load_params(&m, p0);
 	if (head_fp8 == 1) {
 		const struct ng_param_spec *h = &g->lay.p[NG_P_HEADW];
-		m.head_fp8 = 2;
+		m.head_fp8 = 3;
 		m.head_xs = 1.0;
 		m.head_ws = max_abs_bf16(p0 + h->offset, h->numel) / 448.0;
 	}
