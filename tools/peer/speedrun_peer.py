@@ -172,6 +172,27 @@ class Block(nn.Module):
         return x + self.mlp(norm(x))
 
 
+def round_fp8(x, mbits, emin, maxv):
+    """x rounded to the FP8 format of `mbits` mantissa bits, smallest normal exponent `emin`
+    and largest finite `maxv`: nearest even, saturating, in x's own dtype. torch's casts take
+    a float64 through float32 first, and that double rounding moves a value just past a
+    midpoint onto it (1.125 + 1e-12 becomes E5M2 1.0, not 1.25), which the float64 check
+    would count as a difference; the reference's fp32 and bf16 inputs have no such step."""
+    a = x.abs()
+    _, e = torch.frexp(a)                       # a = m 2^e, m in [0.5, 1)
+    q = torch.ldexp(torch.ones_like(a), torch.clamp(e - 1, min=emin) - mbits)
+    r = torch.clamp(torch.round(a / q) * q, max=maxv)  # a / q is exact; round: half to even
+    return torch.where(torch.isnan(x), x, torch.copysign(r, x))
+
+
+def e4m3(x):
+    return round_fp8(x, 3, -6, 448.0)
+
+
+def e5m2(x):
+    return round_fp8(x, 2, -14, 57344.0)
+
+
 class FP8Head(torch.autograd.Function):
     """The reference's FP8 head, simulated in the input's dtype: x8 = e4m3(x / xs), w8 =
     e4m3(w / ws), z = (x8 @ w8^T) xs ws; backward g8 = e5m2(dz / gs), dx = (g8 @ w8) gs ws,
@@ -179,8 +200,8 @@ class FP8Head(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, xs, ws, gs):
-        x8 = (x / xs).to(torch.float8_e4m3fn).to(x.dtype)
-        w8 = (w / ws).to(torch.float8_e4m3fn).to(w.dtype)
+        x8 = e4m3(x / xs)
+        w8 = e4m3(w / ws)
         ctx.save_for_backward(x8, w8)
         ctx.scales = (xs, ws, gs)
         return (x8 @ w8.t()) * (xs * ws)
@@ -189,7 +210,7 @@ class FP8Head(torch.autograd.Function):
     def backward(ctx, dz):
         x8, w8 = ctx.saved_tensors
         xs, ws, gs = ctx.scales
-        g8 = (dz / gs).to(torch.float8_e5m2).to(dz.dtype)
+        g8 = e5m2(dz / gs)
         g2 = g8.reshape(-1, g8.size(-1))
         dx = (g8 @ w8) * (gs * ws)
         dw = (g2.t() @ x8.reshape(-1, x8.size(-1))) * (gs * xs)
