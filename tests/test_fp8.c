@@ -865,14 +865,22 @@ static void dw_case_(int N, int IC, int OC, int accumulate)
 	float dsc[2] = { 1.0f / ds, 1.0f / xs };
 	for (size_t i = 0; i < on; i++)
 		init[i] = accumulate ? (float)ng_rng_normal(&r) * 4.0f : 0.0f;
+	double *sabs = malloc(on * 8), *na = malloc(N * 8), *nb = malloc(N * 8);
+	cr_assert(sabs && na && nb);
 	for (int o = 0; o < OC; o++)
 		for (int i = 0; i < IC; i++) {
-			double acc;
-			float accf;
+			double acc, sa;
+			float accf, saf;
 			dot2_(dd + (size_t)o * N, 1, xd + (size_t)i * N, 1, N, &acc, &accf);
+			for (int n = 0; n < N; n++) {
+				na[n] = fabs(dd[(size_t)o * N + n]);
+				nb[n] = fabs(xd[(size_t)i * N + n]);
+			}
+			dot2_(na, 1, nb, 1, N, &sa, &saf);
 			size_t j = (size_t)o * IC + i;
 			ref[j] = init[j] + acc * dsc[0] * dsc[1];
 			nv[j] = init[j] + accf * dsc[0] * dsc[1];
+			sabs[j] = sa * dsc[0] * dsc[1];
 		}
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
@@ -898,14 +906,28 @@ static void dw_case_(int N, int IC, int OC, int accumulate)
 	cr_assert_eq(ng_matmul_run_fp8(&mm, d_o, d_d, d_x, NULL, NULL, d_s, d_s + 4, dws, 0),
 		     NG_OK, "%s", ng_error_message());
 	cr_assert(!NG_CUDA_CHECK(cudaMemcpy(go, d_o, on * 4, cudaMemcpyDeviceToHost)));
-	double *gv = malloc(on * 8);
-	cr_assert(gv);
-	for (size_t i = 0; i < on; i++)
-		gv[i] = go[i];
-	char what[96];
-	snprintf(what, sizeof(what), "dw N=%d IC=%d OC=%d accumulate %d", N, IC, OC, accumulate);
-	expect_rule_d_(gv, ref, nv, on, 65536, what, seed);
-	free(gv);
+	/* FP8 tensor cores add the products into an accumulator of about 14 bits (DeepSeek-AI,
+	 * "DeepSeek-V3 Technical Report", 2024, sec. 3.3.2), promoted to fp32 by cuBLASLt at
+	 * intervals: each add errs by ~2^-14 of the partial sum, a random walk over K = N adds,
+	 * so the fp32 output of K products is allowed 2^-12 sqrt(K) of the sum of their |p|
+	 * beyond the rule (four times that walk); measured 6e-4 relative at N = 160 */
+	double ek = 0, en = 0, big = 0, slack = ldexp(sqrt((double)N), -12);
+	size_t worst = 0, nbad = 0;
+	for (size_t i = 0; i < on; i++) {
+		en = fmax(en, fabs(nv[i] - ref[i]));
+		big = fmax(big, fabs(ref[i]));
+	}
+	for (size_t i = 0; i < on; i++) {
+		double a = fabs(go[i] - ref[i]), lim = 2 * en + big / 65536 + slack * sabs[i];
+		if (!(a <= lim) && nbad++ == 0)
+			worst = i;
+		ek = fmax(ek, isnan(a) ? INFINITY : a);
+	}
+	cr_expect(nbad == 0, "dw N=%d IC=%d OC=%d accumulate %d (seed %llu): %zu outputs beyond "
+		  "2 x naive %.3g + %.3g + 2^-12 sqrt(N) sum |p|; first %zu: gpu %.8g ref %.8g "
+		  "sum |p| %.4g (max abs err %.3g)", N, IC, OC, accumulate, (unsigned long long)seed,
+		  nbad, en, big / 65536, worst, (double)go[worst], ref[worst], sabs[worst], ek);
+	free(sabs), free(na), free(nb);
 	ng_matmul_free(&mm);
 	ng_matmul_ctx_free(&ctx);
 	void *bufs[] = { bd, bx, bo, bs, bws };
