@@ -203,10 +203,12 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	       "%zu B\n\n", ng_step_recompute_name(g, what, sizeof(what)),
 	       strcmp(pa->recompute, "auto") ? "" : " (auto)", g->head_chunk_rows,
 	       g->head_chunk_rows == g->B * g->T ? " (whole)" : "",
-	       ng_step_gelu_fusion_name(g->fuse_gelu), pa->fp8 ? "every kind (forward, dinp)" : "off",
+	       ng_step_gelu_fusion_name(g->fuse_gelu),
+	       pa->fp8 ? "every kind (forward, dinp)"
+	       : g->fp8 & NG_FP8_HEAD_BWD ? "the head (forward E4M3, backward E5M2)" : "off",
 	       g->align);
 	printf("  %-34s %10.1f MiB\n",
-	       pa->fp8 && !g->recompute_fp8 ? "parameters (bf16 + low half + E4M3, W^T)"
+	       g->fp8 && !g->recompute_fp8 ? "parameters (bf16 + low half + E4M3, W^T)"
 					    : "parameters (bf16 + low half)",
 	       s->params / MIB);
 	printf("  %-34s %10.1f MiB\n", "gradients (fp32)", s->grads / MIB);
