@@ -49,7 +49,7 @@ extern "C" {
 
 /* The FP8 head's scales (the reference's head); the input's is sqrt(C) / 448. */
 #define NG_SPR_FP8_WS (24.0 / 448.0) /* weight */
-#define NG_SPR_FP8_GS (1.0 / 448.0)  /* output gradient */
+#define NG_SPR_FP8_GS (1.0 / NG_SPR_HEAD_GSCALE) /* output gradient */
 
 /* Activations of one forward pass; N = B*T rows. Per-block arrays hold L slices back to back
  * (the slice of the block without attention is unused in the attention arrays). */

@@ -102,13 +102,13 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 			return ws + ng_fp8_head_dw_bytes((size_t)op->row_count, (size_t)m->Vp,
 							 (size_t)m->C);
 		if (op->fp8 && op->kind == NG_OP_MATMUL_DINP)
-			return e->plans[plan].mm.workspace_need + w8 +
-			       ng_fp8_input_bytes((size_t)op->row_count,
-						  (size_t)e->plans[plan].spec.OC);
-		return e->plans[plan].mm.workspace_need + w8 +
-		       (op->fp8 && op->n_in - op->residual < 5 ? ng_fp8_input_bytes((size_t)op->row_count,
-								     (size_t)e->plans[plan].spec.IC)
-						 : 0);
+			return ws + w8 + ng_fp8_input_bytes((size_t)op->row_count,
+							    (size_t)e->plans[plan].spec.OC);
+		return ws + w8 +
+		       (op->fp8 && op->n_in - op->residual < 5
+				? ng_fp8_input_bytes((size_t)op->row_count,
+						     (size_t)e->plans[plan].spec.IC)
+				: 0);
 	}
 	case NG_OP_ATTENTION_FWD: case NG_OP_ATTENTION_BWD: {
 		int fwd = op->kind == NG_OP_ATTENTION_FWD;

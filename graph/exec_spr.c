@@ -216,7 +216,7 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 			return ng_softcap_crossentropy_e5m2(
 				losses, T_(op->in[0]), g8, (float *)(g8 + (size_t)op->row_count * c->Vp),
 				tg, op->row_count, c->Vp, (float)NG_SPR_SOFTCAP, div, 1.0f,
-				(float)NG_FP8_HEAD_GSCALE, s);
+				(float)NG_SPR_HEAD_GSCALE, s);
 		}
 		return ng_softcap_crossentropy(losses, T_(op->in[0]), tg, op->row_count, c->Vp,
 					       (float)NG_SPR_SOFTCAP, div, 1.0f, s);

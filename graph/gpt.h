@@ -117,6 +117,8 @@ static inline int ng_spr_ve(const struct ng_gpt_config *c, int l)
 #define NG_SPR_ATTN_SCALE 0.12        /* softmax scale (not 1/sqrt(D)) */
 #define NG_SPR_SOFTCAP 30.0           /* logits = 30 sigmoid(z / (7.5 sqrt(C))) */
 #define NG_SPR_SOFTCAP_DIV 7.5
+#define NG_SPR_HEAD_GSCALE 448.0      /* the FP8 head's gradient: E5M2(dz x 448), the reference's
+                                       * grad_s = 1 / 448 */
 #define NG_SPR_BOS 50256              /* <|endoftext|>, V - 1 of GPT-2's vocabulary: the token
                                        * V - 1 starts a document */
 #define NG_SPR_WINDOW_BLOCK 128       /* the window counts blocks of this many tokens */

@@ -157,7 +157,7 @@
  *   SOFTCAP_CE        as CROSSENTROPY, over all Vp columns of soft-capped logits
  *                     (kernels/softcap.h); training: the gradient of the SUM of the losses.
  *                     fp8 = 1: out[0] is g8 (u8, rows x Vp + 16): the gradient in E5M2 times
- *                     NG_FP8_HEAD_GSCALE, then its descale (float); the logits are only read.
+ *                     NG_SPR_HEAD_GSCALE, then its descale (float); the logits are only read.
  *
  * References: docs/DESIGN.md ("The step, in order", "Memory"), llm.c train_gpt2.cu for the op
  * order.

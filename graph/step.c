@@ -227,16 +227,24 @@ static int emit_p(struct ng_bld *b, struct ng_op op, size_t ws_bytes)
 /* --fp8 train graphs (step_build.h): make a forward matmul an fp8 one (its E4M3 weights and scales as inputs
  * 2 and 3, the E4M3 copy of its input as input 4 when a LayerNorm wrote one: inp8 >= 0) and
  * return the bytes its scratch needs in front for casting the input itself; 0 otherwise. */
+size_t ng_bld_fp8_weights(struct ng_bld *b, struct ng_op *op, int transposed)
+{
+	struct ng_graph *g = b->g;
+	op->fp8 = 1;
+	/* --recompute fp8: W comes as bf16 and the op casts it in its scratch */
+	op->in[op->n_in++] = g->recompute_fp8 ? g->t_params_bf16
+			     : transposed     ? g->t_params_fp8t
+					      : g->t_params_fp8;
+	op->in[op->n_in++] = g->t_fp8_state;
+	return g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, op->which) : 0;
+}
+
 size_t ng_bld_fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8)
 {
 	struct ng_graph *g = b->g;
 	if (!(g->fp8 & ng_fp8_bit(op->which)))
 		return 0;
-	op->fp8 = 1;
-	/* --recompute fp8: W comes as bf16 and the op casts it in its scratch */
-	op->in[op->n_in++] = g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8;
-	op->in[op->n_in++] = g->t_fp8_state;
-	size_t w8 = g->recompute_fp8 ? ng_fp8_weight_bytes(&b->g->cfg, op->which) : 0;
+	size_t w8 = ng_bld_fp8_weights(b, op, 0);
 	if (inp8 >= 0) {
 		op->in[op->n_in++] = inp8;
 		return w8;
@@ -249,13 +257,10 @@ size_t ng_bld_fp8_dinp(struct ng_bld *b, struct ng_op *op)
 	struct ng_graph *g = b->g;
 	if (!(g->fp8 & ng_fp8_dinp_bit(op->which)))
 		return 0;
-	op->fp8 = 1;
-	op->in[op->n_in++] = g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8t;
-	op->in[op->n_in++] = g->t_fp8_state;
+	size_t w8 = ng_bld_fp8_weights(b, op, 1);
 	int ic, oc;
 	ng_linear_dims(&g->cfg, op->which, &ic, &oc);
-	return ng_fp8_input_bytes((size_t)op->row_count, (size_t)oc) + /* dout is (N, OC) */
-	       (g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, op->which) : 0);
+	return ng_fp8_input_bytes((size_t)op->row_count, (size_t)oc) + w8; /* dout is (N, OC) */
 }
 
 void ng_bld_fp8_prep(struct ng_bld *b)

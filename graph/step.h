@@ -64,9 +64,9 @@ extern "C" {
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
  *    forward's weight scale, so both share the weight descale). The dW matmuls stay bf16.
  *  - The speedrun head's backward (NG_FP8_HEAD_BWD, with NG_FP8_HEAD; the speedrun family
- *    only): the soft-capped loss writes its gradient as g8 = E5M2(dz x NG_FP8_HEAD_GSCALE), a
+ *    only): the soft-capped loss writes its gradient as g8 = E5M2(dz x NG_SPR_HEAD_GSCALE), a
  *    static scale as the speedrun's reference (|dz| <= cap / (4 div) = 0.036 keeps it below
- *    16, far from saturation), with the descale 1 / NG_FP8_HEAD_GSCALE in the 16 bytes after
+ *    16, far from saturation), with the descale 1 / NG_SPR_HEAD_GSCALE in the 16 bytes after
  *    the chunk's bytes ("g8.c<k>", u8); the dinp matmul multiplies g8 by the head's W^T in
  *    E4M3 (the last block of params_fp8t, cast by FP8_PREP with the forward's weight scale),
  *    and the dW matmul g8^T by nf^T in E4M3 (both transposed into its scratch: FP8 GEMMs take
@@ -82,7 +82,6 @@ enum ng_fp8_kinds { NG_FP8_QKV = 1, NG_FP8_ATTPROJ = 2, NG_FP8_FC = 4, NG_FP8_FC
 		    NG_FP8_DINP_QKV = 64, NG_FP8_DINP_ATTPROJ = 128, NG_FP8_DINP_FC = 256,
 		    NG_FP8_DINP_FCPROJ = 512, NG_FP8_DINP_ALL = 960,
 		    NG_FP8_EVERY = NG_FP8_ALL | NG_FP8_DINP_ALL, NG_FP8_HEAD_BWD = 1024 };
-#define NG_FP8_HEAD_GSCALE 448.0 /* the speedrun head's E5M2 gradient scale (1 / its grad_s) */
 #define NG_FP8_DINP_SHIFT 6 /* dinp bit of a layer kind = its forward bit << 6 */
 static inline int ng_fp8_bit(enum ng_op_which w)
 {

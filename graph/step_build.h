@@ -50,6 +50,10 @@ void ng_bld_leave_micro(struct ng_bld *b, enum ng_phase phase);
  * weights and the scales as inputs, inp8 the E4M3 copy of its input when a norm wrote one, else
  * -1) and return the scratch bytes it needs in front to cast its input; 0 otherwise. */
 size_t ng_bld_fp8_in(struct ng_bld *b, struct ng_op *op, size_t ic, int inp8);
+/* Make op an fp8 matmul: its E4M3 weights (W^T when transposed; with --recompute fp8 the bf16
+ * ones, cast by the op) and fp8_state as its next inputs; returns the scratch bytes of that
+ * cast (0 without --recompute fp8). */
+size_t ng_bld_fp8_weights(struct ng_bld *b, struct ng_op *op, int transposed);
 /* --fp8 train graphs: when op (a DINP matmul, row_count set) is of an fp8 dinp kind, make it so
  * (W^T in E4M3, or W with --recompute fp8, and the scales as inputs) and return the scratch
  * bytes in front for dout's E5M2 copy (and W^T's cast with --recompute fp8); 0 otherwise. */

@@ -260,18 +260,15 @@ static void classifier(struct ng_bld *b, const struct spr_fwd *f, int dnf, int l
 		emit(b, op, b->ws.crossentropy);
 		if (dnf < 0)
 			continue;
-		size_t wt8 = g->recompute_fp8 ? ng_fp8_weight_bytes(&g->cfg, NG_OP_WHICH_HEAD) : 0;
-		op = g8 >= 0 ? ng_bld_mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_HEAD, -1,
-					 IN(g8, g->recompute_fp8 ? g->t_params_bf16 : g->t_params_fp8t,
-					    g->t_fp8_state), OUT(dnf))
+		op = g8 >= 0 ? ng_bld_mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_HEAD, -1, IN(g8), OUT(dnf))
 			     : ng_bld_mk(NG_OP_MATMUL_DINP, NG_OP_WHICH_HEAD, -1,
 					 IN(logits, g->t_params_bf16), OUT(dnf));
 		op.param[0] = NG_P_HEADW;
-		op.fp8 = g8 >= 0;
 		op.chunk = c;
 		op.row_start = r0;
 		op.row_count = n;
-		emit(b, op, b->ws.matmul + (g8 >= 0 ? wt8 : 0));
+		size_t wt8 = g8 >= 0 ? ng_bld_fp8_weights(b, &op, 1) : 0; /* W^T in E4M3 */
+		emit(b, op, b->ws.matmul + wt8);
 		op = g8 >= 0 ? ng_bld_mk(NG_OP_MATMUL_DW, NG_OP_WHICH_HEAD, -1,
 					 IN(g8, f->nf, g->t_fp8_state), OUT(g->t_grads))
 			     : ng_bld_mk(NG_OP_MATMUL_DW, NG_OP_WHICH_HEAD, -1, IN(logits, f->nf),

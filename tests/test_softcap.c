@@ -58,6 +58,17 @@ static void check_dz(const char *what, uint64_t seed, const ng_bf16 *got, const 
 	free(masked);
 }
 
+/* N targets in [0, Vp), row 0's Vp - 1 (the last column, padded in the model) when N > 1. */
+static int32_t *draw_targets(struct ng_rng *r, int N, int Vp)
+{
+	int32_t *tg = kt_xmalloc((size_t)N * 4);
+	for (int i = 0; i < N; i++)
+		tg[i] = (int32_t)ng_rng_below(r, (uint64_t)Vp);
+	if (N > 1)
+		tg[0] = Vp - 1;
+	return tg;
+}
+
 /* One call over N rows of Vp logits ~ N(mean, sd), soft cap CAP, divisor div; z placed `off`
  * bytes past a 256-byte boundary; grad 0: the forward only. Row 0's target is Vp - 1 (the last
  * column, padded in the model) when N > 1. */
@@ -70,11 +81,7 @@ static void sc_case(int N, int Vp, double div, double mean, double sd, int off, 
 	ng_bf16 *z = kt_xmalloc(n * 2), *got[2] = {kt_xmalloc(n * 2), kt_xmalloc(n * 2)};
 	double *z_d = kt_xmalloc(n * 8), *dref = kt_xmalloc(n * 8), *lref = kt_xmalloc(N * 8);
 	kt_fill_bf16(&r, z, z_d, n, mean, sd);
-	int32_t *tg = kt_xmalloc(N * 4);
-	for (int i = 0; i < N; i++)
-		tg[i] = (int32_t)ng_rng_below(&r, (uint64_t)Vp);
-	if (N > 1)
-		tg[0] = Vp - 1;
+	int32_t *tg = draw_targets(&r, N, Vp);
 	double dloss = 1.0 / (N * 3.0);
 	ng_ref_softcap_crossentropy(lref, dref, z_d, tg, N, Vp, CAP, div, dloss);
 
@@ -279,11 +286,7 @@ static void sc8_case(const struct sc8_shape *c)
 	uint8_t *g[2] = {kt_xmalloc(n), kt_xmalloc(n)};
 	double *z_d = kt_xmalloc(n * 8), *dref = kt_xmalloc(n * 8), *lref = kt_xmalloc(N * 8);
 	kt_fill_bf16(&r, z, z_d, n, c->mean, c->sd);
-	int32_t *tg = kt_xmalloc(N * 4);
-	for (int i = 0; i < N; i++)
-		tg[i] = (int32_t)ng_rng_below(&r, (uint64_t)Vp);
-	if (N > 1)
-		tg[0] = Vp - 1;
+	int32_t *tg = draw_targets(&r, N, Vp);
 	double dloss = 1.0 / (N * 3.0);
 	ng_ref_softcap_crossentropy(lref, dref, z_d, tg, N, Vp, CAP, c->div, dloss);
 
