@@ -18,6 +18,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/fp8.h"
+#include "kernels/gemm_sm90.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/mix.h"
@@ -35,11 +36,15 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 	s.N = op->row_count;
 	s.gelu = op->gelu;
 	s.autotune = e->cfg.autotune;
+	s.relu2 = op->relu2;
 	if (op->kind == NG_OP_MATMUL_FWD) {
 		s.kind = NG_MATMUL_FWD;
 		s.bias = op->param[1] >= 0;
 		s.fp8 = op->fp8;
 		s.accumulate = op->residual;
+		s.own = op->own && op->relu2; /* our relu^2 epilogue, untimed */
+		if (s.own)
+			s.autotune = 0;
 	} else if (op->kind == NG_OP_MATMUL_DINP) {
 		s.kind = NG_MATMUL_DINP;
 		s.fp8 = op->fp8;
@@ -236,6 +241,12 @@ static struct ng_step_options step_options(const struct ng_exec_config *cfg)
 		opt.fuse_gelu &= ~NG_GELU_FUSE_AUTO;
 	if (cfg->model.arch == NG_ARCH_SPEEDRUN) /* relu^2 is its own op: no GELU to time */
 		opt.fuse_gelu = 0;
+	/* relu^2 in our GEMM's epilogue where it runs; the fc forward then stays bf16, so
+	 * --fp8 auto does not time it */
+	if (cfg->model.arch != NG_ARCH_SPEEDRUN || cfg->no_own_gemm || !ng_gemm_sm90_available())
+		opt.fuse_relu2 = 0;
+	if (opt.fuse_relu2)
+		opt.fp8 &= ~NG_FP8_FC;
 	if (opt.deterministic && (opt.fp8 & NG_FP8_AUTO)) /* untimed: the kinds that widen */
 		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD | NG_FP8_DINP_FCPROJ |
 				      NG_FP8_HEAD_BWD)) |

@@ -200,6 +200,9 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 	case NG_OP_RELU2_FWD:
 		return ng_relu2_fwd(T_(op->out[0]), T_(op->in[0]), (size_t)N * 4 * C, s);
 	case NG_OP_RELU2_BWD:
+		if (op->relu2) /* from the fused forward's output */
+			return ng_relu2_bwd_from_out(T_(op->out[0]), T_(op->in[0]), T_(op->in[1]),
+						     (size_t)N * 4 * C, s);
 		return ng_relu2_bwd(T_(op->out[0]), T_(op->in[0]), T_(op->in[1]), (size_t)N * 4 * C,
 				    s);
 	case NG_OP_SOFTCAP_CE: {

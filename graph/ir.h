@@ -45,6 +45,9 @@
  *                     the op casts its input rows to E4M3 at the front of its scratch (with the
  *                     slot's delayed scale, recording the rows' maximum) and multiplies them
  *                     with the E4M3 weights (graph/step.h "FP8").
+ *                     own = 1, relu2 = 1 (the speedrun model's FC, step option fuse_relu2):
+ *                     our own GEMM (kernels/gemm_sm90.h), out = max(inp @ W^T, 0)^2 rounded
+ *                     once; the pre-activation is not stored (RELU2_BWD works from out).
  *   GELU_FWD          in: pre (N, 4C) bf16. out: post (N, 4C) bf16. attr layer, recompute.
  *   ATTENTION_FWD     in: qkv (B, T, 3C) bf16. out: y (B, T, C) bf16, lse f32 (B, H, T).
  *                     attr layer.
@@ -153,7 +156,8 @@
  *                     dve +=; SKIP: du -1 (the identity), dw = dskip "=".
  *   ADD               in: dst, src, scalars (its constant 1). out: dst += src (bf16).
  *   RELU2_FWD         in: pre (N, 4C). out: post = relu(pre)^2.
- *   RELU2_BWD         in: pre, dpost. out: dpre (in place on dpost).
+ *   RELU2_BWD         in: pre, dpost. out: dpre (in place on dpost). relu2 = 1 (the fc forward
+ *                     fused): in[0] is post = max(pre, 0)^2 and dpre = 2 sqrt(post) dpost.
  *   SOFTCAP_CE        as CROSSENTROPY, over all Vp columns of soft-capped logits
  *                     (kernels/softcap.h); training: the gradient of the SUM of the losses.
  *                     fp8 = 1: out[0] is g8 (u8, rows x Vp + 16): the gradient in E5M2 times
@@ -276,7 +280,11 @@ struct ng_op {
 	                            * operands or output (see the kind's comment) */
 	int residual;              /* MATMUL_FWD: 1 = out = in[n_in - 1] (rows, OC) bf16 + the
 	                            * product (the block's residual add, in the matmul's epilogue) */
-	int own;                   /* MATMUL_DINP: 1 = our own GEMM's DGELU (see the kind) */
+	int own;                   /* MATMUL_DINP: 1 = our own GEMM's DGELU (see the kind);
+	                            * MATMUL_FWD with relu2: its relu^2 epilogue */
+	int relu2;                 /* MATMUL_FWD (the speedrun model's FC, own = 1): writes
+	                            * max(pre, 0)^2 (see the kind); RELU2_BWD: in[0] is that
+	                            * output, not the pre-activation */
 	int index;                 /* EMBED_FWD / EMBED_BWD: the table (ve: 0..2; wte: 0); MIX
 	                            * with SKIP: the skip weight j; ATTENTION_*: 1 = long window */
 	char name[NG_OP_NAME];     /* display: "m0.L3.matmul_fwd.qkv" */
@@ -296,6 +304,7 @@ struct ng_graph {
 	int keep_gelu;             /* with recompute_gelu: the last keep_gelu layers keep theirs */
 	int keep_layernorm;        /* the same for recompute_layernorm */
 	int fuse_gelu;
+	int fuse_relu2;            /* the speedrun model's relu^2 in our GEMM's epilogues */
 	int deterministic;
 	int fp8;                   /* train graphs: NG_FP8_* bits (graph/step.h) of the matmuls
 	                            * that take fp8 operands; 0 in other kinds */

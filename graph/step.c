@@ -691,11 +691,15 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 	g->keep_layernorm = opt.recompute_layernorm && opt.keep_layernorm > 0 ? opt.keep_layernorm : 0;
 	g->recompute_fp8 = opt.recompute_fp8 && (opt.fp8 & NG_FP8_EVERY);
 	g->fuse_gelu = opt.fuse_gelu;
+	g->fuse_relu2 = cfg->arch == NG_ARCH_SPEEDRUN && opt.fuse_relu2;
 	g->deterministic = opt.deterministic;
 	/* the E5M2 head backward: the speedrun family's own head, in FP8 forward too */
 	int fp8 = opt.fp8 & NG_FP8_EVERY;
 	if (cfg->arch == NG_ARCH_SPEEDRUN && (opt.fp8 & NG_FP8_HEAD))
 		fp8 |= opt.fp8 & NG_FP8_HEAD_BWD;
+	/* the fused relu^2 forward is bf16 (our own GEMM) */
+	if (g->fuse_relu2)
+		fp8 &= ~NG_FP8_FC;
 	g->fp8 = kind == NG_GRAPH_TRAIN ? fp8 : 0;
 	/* own is bf16: an fp8 FC-proj input gradient (--fp8) keeps cuBLASLt's DGELU */
 	if (g->fp8 & ng_fp8_dinp_bit(NG_OP_WHICH_FCPROJ))

@@ -217,6 +217,12 @@ struct ng_step_options {
 	int fp8;                 /* NG_FP8_* bits: which matmuls of the training step take fp8
 				  * operands (forward kinds, dinp kinds, AUTO; below); 0: none */
 	int muon;                /* 1: the update is a MUON op instead of ADAMW (--optimizer muon) */
+	int fuse_relu2;          /* the speedrun model: relu^2 in our own GEMM's epilogues (the FC
+				  * forward writes max(pre, 0)^2, the FC-proj input gradient
+				  * multiplies by 2 sqrt of it; the pre-activation is never
+				  * stored; both bf16, so --fp8 leaves those two matmuls out);
+				  * needs kernels/gemm_sm90.h's GEMM (the executor clears it where
+				  * it cannot run). 0: RELU2_FWD / RELU2_BWD ops */
 	size_t align;            /* arena alignment in bytes; 0 = 256 */
 	const struct ng_step_workspace *ws; /* NULL: ng_step_workspace_estimate */
 };

@@ -204,11 +204,21 @@ static void forward(struct ng_bld *b, struct spr_fwd *f, int scalars)
 			mm_fwd(b, NG_OP_WHICH_ATTPROJ, l, NG_P_ATTPROJW, a->atty, a->x1, a->xin);
 		}
 		a->n2 = rmsnorm_fwd(b, NG_OP_WHICH_LN2, l, a->x1, &a->rstd2, "n2");
-		a->fch = ng_bld_lact(b, l, "fch", NG_DTYPE_BF16, 3, B, T, 4 * C);
-		mm_fwd(b, NG_OP_WHICH_FC, l, NG_P_FCW, a->n2, a->fch, -1);
 		a->fcr = ng_bld_lact(b, l, "fcr", NG_DTYPE_BF16, 3, B, T, 4 * C);
-		emit(b, ng_bld_mk(NG_OP_RELU2_FWD, NG_OP_WHICH_NONE, l, IN(a->fch), OUT(a->fcr)),
-		     0);
+		if (g->fuse_relu2) { /* relu^2 in our GEMM's epilogue: no pre-activation kept */
+			a->fch = -1;
+			op = ng_bld_mk(NG_OP_MATMUL_FWD, NG_OP_WHICH_FC, l,
+				       IN(a->n2, g->t_params_bf16), OUT(a->fcr));
+			op.row_count = (int)N;
+			op.param[0] = NG_P_FCW;
+			op.own = op.relu2 = 1;
+			emit(b, op, 0);
+		} else {
+			a->fch = ng_bld_lact(b, l, "fch", NG_DTYPE_BF16, 3, B, T, 4 * C);
+			mm_fwd(b, NG_OP_WHICH_FC, l, NG_P_FCW, a->n2, a->fch, -1);
+			emit(b, ng_bld_mk(NG_OP_RELU2_FWD, NG_OP_WHICH_NONE, l, IN(a->fch),
+					  OUT(a->fcr)), 0);
+		}
 		a->xout = ng_bld_lact(b, l, "xout", NG_DTYPE_BF16, 3, B, T, C);
 		mm_fwd(b, NG_OP_WHICH_FCPROJ, l, NG_P_FCPROJW, a->fcr, a->xout, a->x1);
 		x = a->xout;
@@ -324,8 +334,11 @@ static void backward(struct ng_bld *b, const struct spr_fwd *f, int dnf, int sca
 		/* MLP: dx is the gradient of xout = x1 + fcproj(relu2(fc(rmsnorm(x1)))) */
 		int dfcr = ng_bld_lact(b, l, "dfcr", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		mm_bwd(b, NG_OP_WHICH_FCPROJ, l, NG_P_FCPROJW, dx, a->fcr, dfcr);
-		emit(b, ng_bld_mk(NG_OP_RELU2_BWD, NG_OP_WHICH_NONE, l, IN(a->fch, dfcr),
-				  OUT(dfcr)), 0);
+		/* fused forward: no pre-activation, relu^2's backward from its output */
+		struct ng_op rb = ng_bld_mk(NG_OP_RELU2_BWD, NG_OP_WHICH_NONE, l,
+					    IN(g->fuse_relu2 ? a->fcr : a->fch, dfcr), OUT(dfcr));
+		rb.relu2 = g->fuse_relu2;
+		emit(b, rb, 0);
 		int dn2 = ng_bld_lact(b, l, "dn2", NG_DTYPE_BF16, 3, B, T, C);
 		mm_bwd(b, NG_OP_WHICH_FC, l, NG_P_FCW, dfcr, a->n2, dn2);
 		rmsnorm_bwd(b, NG_OP_WHICH_LN2, l, dn2, a->x1, a->rstd2, dx, 0);

@@ -53,8 +53,15 @@
 
 /* The epilogues: EPI_PLAIN out = acc (+ bias); EPI_GELU aux = acc + bias, out = GELU(aux);
  * EPI_DGELU out = acc * GELU'(pre), the pre-activation read from the aux matrix; EPI_DGELU_POST
- * that and post = GELU(pre) as well (the activation --recompute gelu needs). */
-enum { EPI_PLAIN = 0, EPI_GELU = 1, EPI_DGELU = 2, EPI_DGELU_POST = 3 };
+ * that and post = GELU(pre) as well (the activation --recompute gelu needs); EPI_RELU2 out =
+ * max(acc, 0)^2 (the speedrun model's MLP, whose pre-activation is then never stored). */
+enum { EPI_PLAIN = 0, EPI_GELU = 1, EPI_DGELU = 2, EPI_DGELU_POST = 3, EPI_RELU2 = 4 };
+
+/* Does the epilogue read a matrix of the output's shape (aux) into its units? */
+static constexpr bool gm_reads_aux_(int epi) { return epi == EPI_DGELU || epi == EPI_DGELU_POST; }
+
+/* Does the epilogue write one output from the accumulator alone (no aux, no second output)? */
+static constexpr bool gm_one_out_(int epi) { return epi == EPI_PLAIN || epi == EPI_RELU2; }
 
 /* A consumer cycles through its own epilogue units, a tile's output's worth (4): without GELU
  * the copy engine has a whole mainloop to read a unit before it is written again; with GELU
@@ -69,8 +76,10 @@ template <int EPI, int GU = 4> struct gm_cfg {
 	static constexpr int A_BYTES = WM * GM_BK * 2;
 	static constexpr int STAGE_BYTES = (WM + BN) * GM_BK * 2;
 	static constexpr int TILE_UNITS = (WM / 64) * (BN / 64);
-	static constexpr int UNITS = EPI == EPI_PLAIN ? TILE_UNITS : EPI == EPI_DGELU ? 0 : GU;
-	static constexpr int PRE_UNITS = EPI >= EPI_DGELU ? TILE_UNITS : 0;
+	static constexpr int UNITS = gm_one_out_(EPI)                         ? TILE_UNITS
+				     : EPI == EPI_DGELU                      ? 0
+									     : GU;
+	static constexpr int PRE_UNITS = gm_reads_aux_(EPI) ? TILE_UNITS : 0;
 	static constexpr int UNIT_BYTES = 2 * (PRE_UNITS + UNITS) * GM_UNIT;
 	static constexpr int FIT = (GM_SMEM_MAX - 1024 - 256 - UNIT_BYTES) / STAGE_BYTES;
 	static constexpr int STAGES = FIT > 4 ? 4 : FIT;
@@ -277,7 +286,7 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 	if (threadIdx.x == 0) {
 		/* the descriptors into the cache while the barriers are made */
 		const CUtensorMap *maps[5] = { &ta, &tw, &tout, &taux, &tpost };
-		for (int i = 0; i < (EPI == EPI_PLAIN ? 3 : EPI == EPI_DGELU_POST ? 5 : 4); i++)
+		for (int i = 0; i < (gm_one_out_(EPI) ? 3 : EPI == EPI_DGELU_POST ? 5 : 4); i++)
 			asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)maps[i]) : "memory");
 		for (int s = 0; s < S; s++) {
 			mbar_init_(&full[s], 1);
@@ -316,7 +325,7 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 		for (int st = cid + c * ncl; st < stiles; st += 2 * ncl, local += 2) {
 			const int m0 = st / tiles_n * WM, n0 = st % tiles_n * BN;
 			const int p0 = local * kbs;
-			if (EPI >= EPI_DGELU && t == 0) {
+			if (gm_reads_aux_(EPI) && t == 0) {
 				/* the tile's pre-activation, landing while the mainloop runs, into
 				 * units the previous tile's stores must have finished reading */
 				bulk_wait_read_<0>();
@@ -369,7 +378,7 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 			 * warp's 8 rows land in 8 different chunks, no bank conflicts), four pairs a
 			 * stmatrix (unit_row_), and one thread stores the unit with the copy engine,
 			 * which runs on while the next unit is written. */
-			if constexpr (EPI >= EPI_DGELU) {
+			if constexpr (gm_reads_aux_(EPI)) {
 				/* the gradient over the pre-activation, in place (a warp reads and
 				 * writes only its own 16 rows of a unit, and reads them all before it
 				 * writes: no barrier between); post into the GU
@@ -512,6 +521,10 @@ gm_fwd_(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensor
 									if (EPI == EPI_GELU && o == 1) {
 										x0 = ng_gelu_f(x0);
 										x1 = ng_gelu_f(x1);
+									}
+									if (EPI == EPI_RELU2) { /* NaN stays NaN */
+										x0 = x0 < 0.0f ? 0.0f : x0 * x0;
+										x1 = x1 < 0.0f ? 0.0f : x1 * x1;
 									}
 									r4[m] = pack_bf16x2_(x0, x1);
 								}
@@ -659,13 +672,17 @@ static enum ng_status encode_inputs_(CUtensorMap *ta, CUtensorMap *tw, const voi
 
 extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_bf16 *inp,
 					   const ng_bf16 *w, const ng_bf16 *bias, int M, int N,
-					   int K, int gelu, cudaStream_t s)
+					   int K, int act, cudaStream_t s)
 {
 	static const char *who = "ng_gemm_sm90_fwd";
 	int sms = 0;
 	enum ng_status st = check_shape_(who, M, N, K);
 	if (st)
 		return st;
+	if (act < NG_GEMM_ACT_NONE || act > NG_GEMM_ACT_RELU2 || (act == NG_GEMM_ACT_RELU2 && bias))
+		return ng_check_arg_fail(who, "act %d (bias %p): none, GELU, or relu^2 without bias",
+					 act, (const void *)bias);
+	const int gelu = act == NG_GEMM_ACT_GELU;
 	if (!out || !inp || !w || (gelu && !aux))
 		return ng_check_arg_fail(who, "NULL pointer (out %p, inp %p, w %p, aux %p, gelu %d)",
 					 (void *)out, (const void *)inp, (const void *)w, (void *)aux,
@@ -680,6 +697,8 @@ extern "C" enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out, ng_bf16 *aux, const ng_
 	    (st = encode_(&to, out, M, N, 64)) || (st = encode_(&tx, gelu ? aux : out, M, N, 64)))
 		return st;
 	const __nv_bfloat16 *b = (const __nv_bfloat16 *)bias;
+	if (act == NG_GEMM_ACT_RELU2)
+		return launch_<EPI_RELU2>(&ta, &tw, &to, &tx, &tx, NULL, NULL, M, N, K, sms, s);
 	return gelu ? launch_<EPI_GELU>(&ta, &tw, &to, &tx, &tx, b, NULL, M, N, K, sms, s)
 		    : launch_<EPI_PLAIN>(&ta, &tw, &to, &tx, &tx, b, NULL, M, N, K, sms, s);
 }

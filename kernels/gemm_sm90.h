@@ -12,6 +12,7 @@
  *
  *   out (M, N) bf16 = inp (M, K) @ W^T + bias       W is (N, K), torch.nn.Linear's layout
  *   gelu: aux (M, N) bf16 = the pre-activation above; out = GELU(pre-activation)
+ *   relu^2 (the speedrun model's MLP, no bias): out = max(pre-activation, 0)^2, rounded once
  *
  *   ng_gemm_sm90_dgelu, the backward of GELU(pre) @ W2^T for W2 (K, N) (the MLP projection):
  *   dpre (M, N) bf16 = (dout (M, K) @ wt^T) * GELU'(pre)      wt = W2^T, (N, K) row-major
@@ -63,12 +64,15 @@ extern "C" {
  * kernel was built for sm_90a); 0 otherwise. Never fails. */
 int ng_gemm_sm90_available(void);
 
+/* The forward's activation (act): none, GELU (with aux), or relu^2 (no bias, no aux). */
+enum { NG_GEMM_ACT_NONE = 0, NG_GEMM_ACT_GELU = 1, NG_GEMM_ACT_RELU2 = 2 };
+
 enum ng_status ng_gemm_sm90_fwd(ng_bf16 *out,        /* (M, N) bf16, = */
-				ng_bf16 *aux,        /* (M, N) bf16, = the pre-activation; gelu only */
+				ng_bf16 *aux,        /* (M, N) bf16, = the pre-activation; GELU only */
 				const ng_bf16 *inp,  /* (M, K) bf16 */
 				const ng_bf16 *w,    /* (N, K) bf16 */
-				const ng_bf16 *bias, /* (N) bf16, or NULL */
-				int M, int N, int K, int gelu, cudaStream_t s);
+				const ng_bf16 *bias, /* (N) bf16, or NULL (always with relu^2) */
+				int M, int N, int K, int act, cudaStream_t s);
 
 enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre,       /* (M, N) bf16, = */
 				  ng_bf16 *post,       /* (M, N) bf16, = GELU(pre); or NULL */
@@ -79,6 +83,7 @@ enum ng_status ng_gemm_sm90_dgelu(ng_bf16 *dpre,       /* (M, N) bf16, = */
 				  int M, int N, int K, cudaStream_t s);
 /* The rows of ng_gemm_sm90_dgelu's part: 4 a tile row of 128 (one a consumer warp). */
 int ng_gemm_sm90_dgelu_parts(int M);
+
 
 #ifdef __cplusplus
 }

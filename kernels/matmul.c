@@ -135,9 +135,14 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 			"(\"TN\") layout; a DW takes both operands transposed, (OC, N) and (IC, N)");
 		return NG_ERR_INPUT;
 	}
-	if (sp->own && (sp->kind != NG_MATMUL_DINP || !sp->gelu || sp->fp8))
+	if (sp->relu2 && (!sp->own || sp->gelu || sp->bias || sp->fp8 || sp->accumulate ||
+			  sp->kind != NG_MATMUL_FWD))
+		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: relu2 is for our "
+					 "own GEMM's bf16 FWD, without gelu, bias or accumulate", k,
+					 sp->N, sp->IC, sp->OC);
+	if (sp->own && !sp->relu2 && (sp->kind != NG_MATMUL_DINP || !sp->gelu || sp->fp8))
 		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: own is for a bf16 "
-					 "DINP with gelu", k, sp->N, sp->IC, sp->OC);
+					 "DINP with gelu, or relu2", k, sp->N, sp->IC, sp->OC);
 	if (sp->own && !ng_gemm_sm90_available()) {
 		ng_fail(NG_ERR_RUNTIME, "ng_matmul_plan: DINP N=%d IC=%d OC=%d on our own GEMM needs "
 			"an sm_90 GPU and a build for sm_90a", sp->N, sp->IC, sp->OC);
@@ -627,13 +632,14 @@ enum ng_status ng_matmul_plan(struct ng_matmul *mm, struct ng_matmul_ctx *ctx,
 	memset(mm, 0, sizeof(*mm));
 	if ((st = check_spec_(spec)))
 		return st;
-	if (spec->own) { /* our own GEMM's DINP with DGELU: nothing of cuBLASLt's */
+	if (spec->own) { /* our own GEMM's DINP with DGELU or FWD with relu^2: no cuBLASLt */
 		mm->spec = *spec;
 		mm->lt = ctx->lt;
 		mm->align_bytes = ctx->align_bytes < 16 ? 16 : ctx->align_bytes;
-		mm->m = spec->IC;
+		const int fwd = spec->kind == NG_MATMUL_FWD;
+		mm->m = fwd ? spec->OC : spec->IC;
 		mm->n = spec->N;
-		mm->k = spec->OC;
+		mm->k = fwd ? spec->IC : spec->OC;
 		mm->own = 1;
 		mm->n_candidates = 1;
 		if (spec->bias) /* the column sums' partial rows */
@@ -752,7 +758,7 @@ static enum ng_status run_(const struct ng_matmul *mm, void *out, const void *a,
 	}
 	if (mm->own) /* our own GEMM (FWD, bf16): the same outputs, no workspace */
 		return ng_gemm_sm90_fwd(out, sp->gelu ? aux : NULL, a, b, bias_ptr, sp->N, sp->OC,
-					sp->IC, sp->gelu, s);
+					sp->IC, sp->relu2 ? NG_GEMM_ACT_RELU2 : sp->gelu, s);
 	if (bias_ptr && set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
 				  sizeof(bias_ptr)))
 		return NG_ERR_RUNTIME;
@@ -803,7 +809,7 @@ enum ng_status ng_matmul_run(const struct ng_matmul *mm, void *out, const void *
 		return ng_check_arg_fail("ng_matmul_run", "FWD N=%d IC=%d OC=%d adds a residual: run "
 					 "it with ng_matmul_run_residual", mm->spec.N, mm->spec.IC,
 					 mm->spec.OC);
-	if (mm->spec.own)
+	if (mm->spec.own && mm->spec.kind == NG_MATMUL_DINP)
 		return ng_check_arg_fail("ng_matmul_run", "DINP N=%d IC=%d OC=%d is our own GEMM's "
 					 "plan: run it with ng_matmul_run_dgelu and W^T", mm->spec.N,
 					 mm->spec.IC, mm->spec.OC);

@@ -156,11 +156,13 @@ struct ng_matmul_spec {
 	                 * transposed, dout^T (OC, N) E5M2 and inp^T (IC, N) E4M3, dW fp32; each
 	                 * with a device descale (ng_matmul_run_fp8); out, aux and bias stay bf16;
 	                 * IC and OC (DW: and N) multiples of 16; needs an FP8 GPU (sm_89 / sm_90) */
-	int own;        /* DINP with gelu, bf16: run our own Hopper GEMM (kernels/gemm_sm90.h) with
+	int own;        /* (FWD: with relu2, below) DINP with gelu, bf16: run our own Hopper GEMM (kernels/gemm_sm90.h) with
 	                 * the DGELU epilogue, untimed, no cuBLASLt: W comes as its transpose (IC,
 	                 * OC), and ng_matmul_run_dgelu can write GELU(aux) as well (the activation
 	                 * --recompute gelu needs); with bias, also the column sums of dinp (the fc
 	                 * bias gradient). Needs ng_gemm_sm90_available(). */
+	int relu2;      /* FWD with own, no bias / gelu / fp8 / accumulate (the speedrun model's
+	                 * MLP): out = max(inp @ W^T, 0)^2 on our own GEMM, rounded once */
 };
 
 /* Choices kept: autotune's pick for one matmul, remembered so that the next plan of the same

@@ -481,6 +481,16 @@ struct relu2_grad_op { /* 2 max(x, 0) d */
 	__device__ float operator()(float x, float d) const { return 2.0f * relu_f(x) * d; }
 };
 
+struct relu2_grad_out_op { /* 2 sqrt(y) d, y = max(x, 0)^2 */
+	__device__ float operator()(float y, float d) const { return 2.0f * sqrtf(y) * d; }
+};
+
+static __global__ void relu2_bwd_out_vec8(__nv_bfloat16 *dinp, const __nv_bfloat16 *out,
+					  const __nv_bfloat16 *dout, size_t n)
+{
+	ng_map2_vec8_(dinp, out, dout, n, relu2_grad_out_op());
+}
+
 static __global__ void relu2_fwd_vec8(__nv_bfloat16 *out, const __nv_bfloat16 *inp, size_t n)
 {
 	ng_map1_vec8_(out, inp, n, relu2_op());
@@ -512,4 +522,15 @@ extern "C" enum ng_status ng_relu2_bwd(ng_bf16 *dinp, const ng_bf16 *inp, const 
 							   (const __nv_bfloat16 *)inp,
 							   (const __nv_bfloat16 *)dout, n);
 	return NG_LAUNCH_CHECK("relu2_bwd_vec8");
+}
+
+extern "C" enum ng_status ng_relu2_bwd_from_out(ng_bf16 *dinp, const ng_bf16 *out,
+						const ng_bf16 *dout, size_t n, cudaStream_t s)
+{
+	enum ng_status st = ng_check_vec8_("ng_relu2_bwd_from_out", n, EW_THREADS, dinp, out, dout);
+	if (st)
+		return st;
+	relu2_bwd_out_vec8<<<ng_vec8_grid_(n, EW_THREADS), EW_THREADS, 0, s>>>(
+		(__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, n);
+	return NG_LAUNCH_CHECK("relu2_bwd_out_vec8");
 }

@@ -68,6 +68,13 @@ enum ng_status ng_relu2_bwd(ng_bf16 *dinp,       /* (n) bf16, = */
 			    const ng_bf16 *inp,  /* (n) bf16, the forward's input */
 			    const ng_bf16 *dout, /* (n) bf16 */
 			    size_t n, cudaStream_t s);
+/* The same from the forward's output out = max(inp, 0)^2: dinp = 2 sqrt(out) dout (fp32,
+ * rounded once; 2 sqrt(out) is 2 max(inp, 0) to out's rounding, 2^-9 relative), for a forward
+ * that keeps only out (our GEMM's relu^2 epilogue); dinp may equal dout. */
+enum ng_status ng_relu2_bwd_from_out(ng_bf16 *dinp,       /* (n) bf16, = */
+				     const ng_bf16 *out,  /* (n) bf16, max(inp, 0)^2 */
+				     const ng_bf16 *dout, /* (n) bf16 */
+				     size_t n, cudaStream_t s);
 
 #ifdef __cplusplus
 }

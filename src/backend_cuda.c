@@ -180,6 +180,9 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	if (o->gelu_fusion)
 		ng_step_parse_gelu_fusion(o->gelu_fusion, &c->step.fuse_gelu); /* checked by train */
 	c->step.muon = ng_train_is_muon(o);
+	/* the speedrun model's relu^2 in our GEMM's epilogues, where that GEMM runs and --own-gemm
+	 * is not off (the executor checks) */
+	c->step.fuse_relu2 = o->shape.model.arch == NG_ARCH_SPEEDRUN;
 	c->muon = o->muon;
 }
 

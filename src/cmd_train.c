@@ -86,7 +86,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "--autotune-cache); off with --deterministic", false },
 		{ "--own-gemm", NG_FLAG_STRING, &o.own_gemm, 0, 0, "auto|off",
 		  "GPU: with --autotune, also time our own Hopper GEMM for each bf16 forward matmul "
-		  "and keep it where it is faster (auto, the default), or never (off)", false },
+		  "and keep it where it is faster, and run the speedrun model's relu^2 in its "
+		  "fc forward's epilogue (auto, the default), or never (off)", false },
 		{ "--autotune-cache", NG_FLAG_STRING, &o.autotune_cache, 0, 0, "DIR",
 		  "GPU: where --autotune keeps its choices for the next run, a file per GPU and "
 		  "cuBLASLt, or none ($XDG_CACHE_HOME/nanograph, else ~/.cache/nanograph)", false },

@@ -597,7 +597,7 @@ static void dinp_case_(int N, int IC, int OC, int gelu)
 		}
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
-	struct ng_matmul_spec sp = { NG_MATMUL_DINP, N, IC, OC, gelu, 0, 0, 0, 1, 0 };
+	struct ng_matmul_spec sp = { NG_MATMUL_DINP, N, IC, OC, gelu, 0, 0, 0, 1, 0, 0 };
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	if (ng_matmul_plan(&mm, &ctx, &sp))
 		cr_assert_fail("seed %llu: %s", (unsigned long long)seed, ng_error_message());
@@ -694,7 +694,7 @@ static void matmul_case_(int N, int IC, int OC, int gelu, int bias, int resid)
 
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
-	struct ng_matmul_spec sp = { NG_MATMUL_FWD, N, IC, OC, gelu, bias, resid, 0, 1, 0 };
+	struct ng_matmul_spec sp = { NG_MATMUL_FWD, N, IC, OC, gelu, bias, resid, 0, 1, 0, 0 };
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	if (ng_matmul_plan(&mm, &ctx, &sp)) {
 		int major = 0;
@@ -774,8 +774,8 @@ Test(fp8, matmul_bad_specs)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
-	struct ng_matmul_spec dw = { NG_MATMUL_DW, 24, 784, 784, 0, 0, 0, 0, 1, 0 };
-	struct ng_matmul_spec odd = { NG_MATMUL_FWD, 4, 776, 784, 0, 0, 0, 0, 1, 0 };
+	struct ng_matmul_spec dw = { NG_MATMUL_DW, 24, 784, 784, 0, 0, 0, 0, 1, 0, 0 };
+	struct ng_matmul_spec odd = { NG_MATMUL_FWD, 4, 776, 784, 0, 0, 0, 0, 1, 0, 0 };
 	ng_clear_error();
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dw), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "a DW also N a multiple of 16"), "%s",
@@ -884,7 +884,7 @@ static void dw_case_(int N, int IC, int OC, int accumulate)
 		}
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
-	struct ng_matmul_spec sp = { NG_MATMUL_DW, N, IC, OC, 0, 0, accumulate, 0, 1, 0 };
+	struct ng_matmul_spec sp = { NG_MATMUL_DW, N, IC, OC, 0, 0, accumulate, 0, 1, 0, 0 };
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	if (ng_matmul_plan(&mm, &ctx, &sp)) {
 		int major = 0;

@@ -12,7 +12,8 @@
  * tile's width; K = 776, not a multiple of the 64 of a stage), with and without bias
  * and GELU, large-mean inputs, and a d12-like block that is run twice for identical bytes.
  * The DGELU epilogue (ng_gemm_sm90_dgelu) the same way: dpre against ng_ref_gelu_bwd of the fp64
- * product, post against ng_ref_gelu_fwd, pre unchanged.
+ * product, post against ng_ref_gelu_fwd, pre unchanged. relu^2 (the speedrun model's MLP): the
+ * forward's out against max(pre, 0)^2 of the fp64 product.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -32,6 +33,7 @@
 struct gm_case {
 	int M, N, K;
 	int gelu, bias;
+	int relu2;       /* out = max(pre, 0)^2 (no bias, no gelu) */
 	double mean;     /* mean of the activations */
 	int determinism; /* run twice, compare the bytes */
 };
@@ -97,8 +99,15 @@ static void run_case_(const struct gm_case *c)
 			pre[m * N + n] = s;
 			npre[m * N + n] = (float)kt_round_bf16(f);
 			ng[m * N + n] = (float)kt_round_bf16(gelu_f_(f));
+			if (c->relu2) { /* max(., 0)^2 of the unrounded sum, rounded once */
+				const double rs = s > 0.0 ? s : 0.0;
+				const float rf = f > 0.0f ? f : 0.0f;
+				pre[m * N + n] = rs * rs;
+				npre[m * N + n] = (float)kt_round_bf16(rf * rf);
+			}
 		}
 	ng_ref_gelu_fwd(g, pre, M * N);
+	const int act = c->relu2 ? NG_GEMM_ACT_RELU2 : c->gelu;
 
 	void *da = kt_upload(ah, M * K * 2), *dw = kt_upload(wh, N * K * 2);
 	void *db = kt_upload(bh, N * 2), *dout = kt_upload(NULL, M * N * 2);
@@ -107,7 +116,7 @@ static void run_case_(const struct gm_case *c)
 	kt_cuda(cudaMemset(dout, 0xff, M * N * 2), "cudaMemset");
 	kt_cuda(cudaMemset(daux, 0xff, M * N * 2), "cudaMemset");
 	kt_ok(ng_gemm_sm90_fwd(dout, c->gelu ? daux : NULL, da, dw, c->bias ? db : NULL, c->M, c->N,
-			       c->K, c->gelu, 0), "ng_gemm_sm90_fwd");
+			       c->K, act, 0), "ng_gemm_sm90_fwd");
 	ng_bf16 *out = kt_xmalloc(M * N * 2), *aux = kt_xmalloc(M * N * 2);
 	kt_download(out, dout, M * N * 2);
 	if (c->gelu) {
@@ -115,12 +124,12 @@ static void run_case_(const struct gm_case *c)
 		expect_close_("aux (pre-activation)", c, seed, pre, npre, aux, M * N);
 		expect_close_("out (GELU)", c, seed, g, ng, out, M * N);
 	} else {
-		expect_close_("out", c, seed, pre, npre, out, M * N);
+		expect_close_(c->relu2 ? "out (relu^2)" : "out", c, seed, pre, npre, out, M * N);
 	}
 	if (c->determinism) {
 		ng_bf16 *again = kt_xmalloc(M * N * 2), *again_aux = kt_xmalloc(M * N * 2);
 		kt_ok(ng_gemm_sm90_fwd(dout, c->gelu ? daux : NULL, da, dw, c->bias ? db : NULL, c->M,
-				       c->N, c->K, c->gelu, 0),
+				       c->N, c->K, act, 0),
 		      "ng_gemm_sm90_fwd");
 		kt_download(again, dout, M * N * 2);
 		cr_expect(!memcmp(again, out, M * N * 2), "out differs between two runs (seed %llu)",
@@ -270,6 +279,10 @@ GM_TEST(plain_deep_k, .M = 257, .N = 264, .K = 4 * C776)
 GM_TEST(gelu_large_mean, .M = 130, .N = 1024, .K = 256, .gelu = 1, .bias = 1, .mean = 3.0)
 GM_TEST(gelu_d12_block_twice, .M = 1024, .N = 3072, .K = 768, .gelu = 1, .bias = 1,
 	.determinism = 1)
+GM_TEST(relu2_edges, .M = 300, .N = 4 * C776, .K = C776, .relu2 = 1)
+GM_TEST(relu2_one_row, .M = 1, .N = 264, .K = 200, .relu2 = 1, .mean = 0.5)
+GM_TEST(relu2_speedrun_block_twice, .M = 1024, .N = 3072, .K = 768, .relu2 = 1,
+	.determinism = 1)
 GM_TEST(gelu_d24_block_twice, .M = 1536, .N = 4096, .K = 1024, .gelu = 1, .bias = 1,
 	.mean = 1.0, .determinism = 1)
 
@@ -312,5 +325,11 @@ Test(gemm_sm90, bad_inputs_fail_cleanly)
 	ng_clear_error();
 	cr_expect_eq(ng_gemm_sm90_dgelu(p, odd, NULL, p, p, p, 64, 64, 64, 0), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_fwd(p, NULL, p, p, p, 64, 64, 64, NG_GEMM_ACT_RELU2, 0),
+		     NG_ERR_INPUT); /* relu^2 takes no bias */
+	cr_expect(strstr(ng_error_message(), "relu^2"), "%s", ng_error_message());
+	ng_clear_error();
+	cr_expect_eq(ng_gemm_sm90_fwd(p, NULL, p, p, NULL, 64, 64, 64, 7, 0), NG_ERR_INPUT);
 	ng_clear_error();
 }

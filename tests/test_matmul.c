@@ -284,7 +284,7 @@ static void run_case_(const struct mm_case *c)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	struct ng_matmul_spec sp = {c->kind, c->N, c->IC, c->OC, c->gelu, c->bias, c->accumulate,
-				    c->autotune, 0, 0};
+				    c->autotune, 0, 0, 0};
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
 	ctx.dbias_colsum = c->colsum;
 	if (c->own && c->kind == NG_MATMUL_DINP) { /* spec.own: W^T in the workspace, then ours */
@@ -475,14 +475,14 @@ Test(matmul, bad_inputs_fail_cleanly)
 	struct ng_matmul_ctx ctx;
 	struct ng_matmul mm;
 	cr_assert(!ng_matmul_ctx_init(&ctx, (size_t)32 << 20), "%s", ng_error_message());
-	struct ng_matmul_spec bad = {NG_MATMUL_FWD, 4, 770, 768, 0, 1, 0, 0, 0, 0};
+	struct ng_matmul_spec bad = {NG_MATMUL_FWD, 4, 770, 768, 0, 1, 0, 0, 0, 0, 0};
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &bad), NG_ERR_INPUT);
 	cr_expect(strstr(ng_error_message(), "IC=770") != NULL, "message: %s", ng_error_message());
 	ng_clear_error();
-	struct ng_matmul_spec dwgelu = {NG_MATMUL_DW, 4, 768, 768, 1, 0, 0, 0, 0, 0};
+	struct ng_matmul_spec dwgelu = {NG_MATMUL_DW, 4, 768, 768, 1, 0, 0, 0, 0, 0, 0};
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &dwgelu), NG_ERR_INPUT);
 	ng_clear_error();
-	struct ng_matmul_spec ok = {NG_MATMUL_FWD, 4, 768, 768, 0, 1, 0, 0, 0, 0};
+	struct ng_matmul_spec ok = {NG_MATMUL_FWD, 4, 768, 768, 0, 1, 0, 0, 0, 0, 0};
 	cr_assert(!ng_matmul_plan(&mm, &ctx, &ok), "%s", ng_error_message());
 	void *p;
 	cr_assert(!NG_CUDA_CHECK(cudaMalloc(&p, (size_t)1 << 20)));
@@ -494,11 +494,11 @@ Test(matmul, bad_inputs_fail_cleanly)
 	cr_expect_eq(ng_matmul_run(&mm, p, p, p, NULL, NULL, NULL, p, 0), NG_ERR_INPUT); /* bias */
 	ng_clear_error();
 	ng_matmul_free(&mm);
-	struct ng_matmul_spec own_fwd = {NG_MATMUL_FWD, 4, 768, 768, 1, 0, 0, 0, 0, 1};
+	struct ng_matmul_spec own_fwd = {NG_MATMUL_FWD, 4, 768, 768, 1, 0, 0, 0, 0, 1, 0};
 	cr_expect_eq(ng_matmul_plan(&mm, &ctx, &own_fwd), NG_ERR_INPUT); /* own: DINP + gelu only */
 	cr_expect(strstr(ng_error_message(), "own is for") != NULL, "%s", ng_error_message());
 	ng_clear_error();
-	struct ng_matmul_spec dwb = {NG_MATMUL_DW, 4, 768, 768, 0, 1, 1, 0, 0, 0};
+	struct ng_matmul_spec dwb = {NG_MATMUL_DW, 4, 768, 768, 0, 1, 1, 0, 0, 0, 0};
 	cr_assert(!ng_matmul_plan(&mm, &ctx, &dwb), "%s", ng_error_message());
 	cr_assert(mm.workspace_need > 0); /* colsum's 3.0 vector lives there */
 	cr_expect_eq(ng_matmul_run(&mm, p, p, p, NULL, NULL, p, (char *)p + 16, 0), NG_ERR_INPUT);

@@ -28,7 +28,7 @@ static struct ng_matmul_choice choice_(int kind, int N, int chosen, unsigned lon
 {
 	struct ng_matmul_choice c;
 	memset(&c, 0, sizeof(c));
-	c.spec = (struct ng_matmul_spec){(enum ng_matmul_kind)kind, N, 768, 3072, 1, 1, 0, 1, 0, 0};
+	c.spec = (struct ng_matmul_spec){(enum ng_matmul_kind)kind, N, 768, 3072, 1, 1, 0, 1, 0, 0, 0};
 	c.align_bytes = 16;
 	c.workspace_bytes = 32u << 20;
 	c.colsum = kind == NG_MATMUL_DW;
@@ -145,7 +145,7 @@ Test(matmul_cache, a_second_plan_takes_the_kept_choice_untimed)
 		cr_skip_test("no CUDA device");
 	char path[256];
 	snprintf(path, sizeof(path), "%s/autotune.txt", tmpdir_());
-	struct ng_matmul_spec sp = {NG_MATMUL_FWD, 512, 768, 3072, 1, 1, 0, 1, 0, 0};
+	struct ng_matmul_spec sp = {NG_MATMUL_FWD, 512, 768, 3072, 1, 1, 0, 1, 0, 0, 0};
 	struct ng_matmul_ctx a, b;
 	struct ng_matmul m1, m2, m3;
 	cr_assert_eq(ng_matmul_ctx_init(&a, (size_t)32 << 20), NG_OK, "%s", ng_error_message());

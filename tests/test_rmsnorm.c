@@ -26,7 +26,10 @@
  *    the FlashAttention rule: the kernel's max error <= 2 x that of a naive fp32 loop over the
  *    same rounded inputs (output rounded to bf16) + 2^-16 max|ref|.
  *  - relu^2: exact in fp32 (a bf16's square has 16 significant bits, 2 x d 16 too), so the
- *    bits equal the rounded reference (0 ulp).
+ *    bits equal the rounded reference (0 ulp). Its backward from the forward's output y (the
+ *    fused forward keeps only y): 2 sqrt(y) d against the fp64 value of the same bf16 y, d;
+ *    sqrtf is correctly rounded and the product one more rounding, 2e in all, far below 2^-9:
+ *    1 ulp.
  * Bad shapes and pointers fail before any launch (those tests and the CPU reference checks run
  * without a GPU).
  */
@@ -502,6 +505,21 @@ static void relu_case(size_t n)
 	kt_download(got, d_d, n * 2);
 	snprintf(what, sizeof(what), "relu2_bwd in place n=%zu", n);
 	check_bf16_(what, seed, got, ref, n, 0.0, 0.0);
+	/* from the output: y = the forward's bf16 result (on the GPU), d again */
+	ng_bf16 *y = kt_xmalloc(n * 2);
+	double *yd = kt_xmalloc(n * 8);
+	kt_ok(ng_relu2_fwd(d_o, d_x, n, 0), "ng_relu2_fwd");
+	kt_download(y, d_o, n * 2);
+	for (size_t i = 0; i < n; i++) {
+		yd[i] = kt_bf16_to_f32(y[i]);
+		ref[i] = 2.0 * sqrt(yd[i]) * dd[i];
+	}
+	kt_cuda(cudaMemcpy(d_d, d, n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+	kt_ok(ng_relu2_bwd_from_out(d_d, d_o, d_d, n, 0), "ng_relu2_bwd_from_out in place");
+	kt_download(got, d_d, n * 2);
+	snprintf(what, sizeof(what), "relu2_bwd_from_out n=%zu", n);
+	check_bf16_(what, seed, got, ref, n, 1.0, 0.0);
+	free(y), free(yd);
 	cudaFree(d_x), cudaFree(d_d), cudaFree(d_o);
 	free(x), free(d), free(got), free(xd), free(dd), free(ref);
 }
@@ -563,6 +581,8 @@ Test(rmsnorm, bad_arguments_fail_cleanly)
 	cr_expect_eq(ng_relu2_fwd(p, p, 0, 0), NG_ERR_INPUT, "n = 0");
 	ng_clear_error();
 	cr_expect_eq(ng_relu2_bwd(p, odd, p, 64, 0), NG_ERR_INPUT, "a misaligned input");
+	ng_clear_error();
+	cr_expect_eq(ng_relu2_bwd_from_out(p, odd, p, 64, 0), NG_ERR_INPUT, "a misaligned input");
 	cr_expect(strstr(ng_error_message(), "aligned"), "%s", ng_error_message());
 	ng_clear_error();
 }

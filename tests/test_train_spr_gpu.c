@@ -28,6 +28,7 @@
 #include "graph/exec.h"
 #include "graph/step_spr.h"
 #include "kernels/check.h"
+#include "kernels/gemm_sm90.h"
 #include "util/rng.h"
 
 #define TOTAL_STEPS 10
@@ -118,9 +119,14 @@ static int has_fp8(void)
  * head_fp8 2: --fp8, every layer matmul's forward in E4M3 and its dinp E5M2 x E4M3 too, against
  * the exact reference, with tests/test_train_gpu.c's fp8 bounds: an E4M3 forward matmul's
  * output off by about sqrt(2/3) 2^-4 = 0.051 relative, the loss 2e-2; an input gradient by
- * sqrt((2^-6 + 2^-8) / 3) = 0.081, carried down into every gradient: 4x that, 0.33. */
-static void step_matches(int B, int T, int K, int head_fp8)
+ * sqrt((2^-6 + 2^-8) / 3) = 0.081, carried down into every gradient: 4x that, 0.33.
+ * fuse: relu^2 in our own GEMM's epilogue (step option fuse_relu2; skipped where that GEMM
+ * cannot run), within the same bounds: its one rounding less (the pre-activation) and the
+ * backward's 2 sqrt(fcr) for 2 max(pre, 0) (2^-9 relative) are inside one op's bf16 share. */
+static void step_matches(int B, int T, int K, int head_fp8, int fuse)
 {
+	if (fuse && !ng_gemm_sm90_available())
+		cr_skip_test("not an sm_90 GPU (or no sm_90a build): our GEMM cannot run here");
 	uint64_t seed = (uint64_t)time(NULL);
 	struct ng_rng r;
 	ng_rng_seed(&r, seed);
@@ -130,9 +136,11 @@ static void step_matches(int B, int T, int K, int head_fp8)
 			: head_fp8 ? NG_FP8_HEAD | NG_FP8_HEAD_BWD : 0;
 	const double tol_grad = head_fp8 == 2 ? 0.33 : 4e-2, tol_loss = head_fp8 == 2 ? 2e-2 : 1e-2;
 	c.step.fp8 = fp8;
+	c.step.fuse_relu2 = fuse;
 	struct ng_exec e;
 	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
 	cr_assert_eq(e.train.fp8, fp8, "the train graph's fp8 kinds");
+	cr_assert_eq(e.train.fuse_relu2, fuse, "the train graph's relu^2 fusion");
 	fprintf(stderr, "speedrun step B=%d T=%d K=%d: %s | %s\n", B, T, K,
 		ng_attention_describe(&e.att_band[2]), ng_attention_describe(&e.att_band[0]));
 	const struct ng_graph *g = &e.train;
@@ -179,8 +187,9 @@ static void step_matches(int B, int T, int K, int head_fp8)
 	}
 	double mean = loss / ((double)K * B * T);
 	double lerr = fabs(rec.loss - mean) / mean;
-	fprintf(stderr, "speedrun step%s: loss gpu %.6f ref %.6f (W = %d blocks)\n",
-		head_fp8 == 2 ? " (--fp8)" : head_fp8 ? " (FP8 head)" : "", rec.loss, mean, W);
+	fprintf(stderr, "speedrun step%s%s: loss gpu %.6f ref %.6f (W = %d blocks)\n",
+		head_fp8 == 2 ? " (--fp8)" : head_fp8 ? " (FP8 head)" : "",
+		fuse ? " (fused relu^2)" : "", rec.loss, mean, W);
 	cr_expect(lerr < tol_loss, "loss gpu %.6f ref %.6f rel err %.2e (seed %llu)", rec.loss, mean,
 		  lerr, (unsigned long long)seed);
 	for (int i = 0; i < NG_P_COUNT; i++) {
@@ -211,21 +220,42 @@ Test(train_spr_gpu, step_matches_cpu_reference)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	step_matches(2, 400, 1, 0);
+	step_matches(2, 400, 1, 0, 0);
 }
 
 Test(train_spr_gpu, accumulated_step_matches_cpu_reference)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	step_matches(1, 520, 2, 0); /* T not a multiple of 128; two micro-batches summed */
+	step_matches(1, 520, 2, 0, 0); /* T not a multiple of 128; two micro-batches summed */
 }
 
 Test(train_spr_gpu, fp8_head_step_matches_cpu_reference)
 {
 	if (ng_cuda_device_count() == 0)
 		cr_skip_test("no CUDA device");
-	step_matches(2, 400, 1, 1);
+	step_matches(2, 400, 1, 1, 0);
+}
+
+Test(train_spr_gpu, fused_relu2_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	step_matches(2, 400, 1, 0, 1);
+}
+
+Test(train_spr_gpu, fused_relu2_accumulated_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	step_matches(1, 520, 2, 0, 1);
+}
+
+Test(train_spr_gpu, fused_relu2_fp8_head_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	step_matches(2, 400, 1, 1, 1);
 }
 
 Test(train_spr_gpu, fp8_step_matches_cpu_reference)
@@ -241,11 +271,11 @@ Test(train_spr_gpu, fp8_step_matches_cpu_reference)
 		ng_exec_free(&e);
 		cr_skip_test("no FP8 on this GPU (init refused --fp8, as it should)");
 	}
-	step_matches(2, 400, 1, 2);
+	step_matches(2, 400, 1, 2, 0);
 }
 
 /* The parameters after three steps (the window growing) from random ones: fp8 0 bf16, 1 --fp8
- * with E4M3 weight copies, 2 --fp8 --recompute fp8. */
+ * with E4M3 weight copies, 2 --fp8 --recompute fp8, 3 bf16 with relu^2 fused. */
 static float *three_steps(int no_graph, int fp8, size_t *total)
 {
 	struct ng_rng r;
@@ -253,8 +283,9 @@ static float *three_steps(int no_graph, int fp8, size_t *total)
 	struct ng_exec_config c;
 	spr_config(&c, 2, 400, 1, 1);
 	c.no_graph = no_graph;
-	c.step.fp8 = fp8 ? NG_FP8_EVERY : 0;
+	c.step.fp8 = fp8 == 1 || fp8 == 2 ? NG_FP8_EVERY : 0;
 	c.step.recompute_fp8 = fp8 == 2;
+	c.step.fuse_relu2 = fp8 == 3;
 	struct ng_exec e;
 	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
 	*total = e.train.lay.total;
@@ -316,5 +347,10 @@ Test(train_spr_gpu, graph_equals_eager_deterministic)
 	size_t total = 0;
 	float *graph = three_steps(0, 0, &total), *eager = three_steps(1, 0, &total);
 	expect_same_params(graph, eager, total, "graph and eager");
+	free(graph), free(eager);
+	if (!ng_gemm_sm90_available())
+		return;
+	graph = three_steps(0, 3, &total), eager = three_steps(1, 3, &total);
+	expect_same_params(graph, eager, total, "graph and eager, relu^2 fused");
 	free(graph), free(eager);
 }

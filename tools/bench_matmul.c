@@ -412,12 +412,12 @@ static int bench_config_(struct ng_matmul_ctx *ctx, const char *cfg, int B, int 
 		{"head", C, Vp, 0, 0, 1}};
 	for (int i = 0; i < 5; i++) {
 		struct ng_matmul_spec f = {NG_MATMUL_FWD, N, lin[i].IC, lin[i].OC, lin[i].gelu,
-					   lin[i].bias, 0, 0, 0, 0};
+					   lin[i].bias, 0, 0, 0, 0, 0};
 		/* DGELU belongs to the layer whose INPUT is a GELU output: fcproj */
 		struct ng_matmul_spec d = {NG_MATMUL_DINP, N, lin[i].IC, lin[i].OC,
-					   i == 3, 0, 0, 0, 0, 0};
+					   i == 3, 0, 0, 0, 0, 0, 0};
 		struct ng_matmul_spec w = {NG_MATMUL_DW, N, lin[i].IC, lin[i].OC, 0, lin[i].bias, 1,
-					   0, 0, 0};
+					   0, 0, 0, 0};
 		mms[nm++] = (struct bench_mm){lin[i].name, f, lin[i].per};
 		mms[nm++] = (struct bench_mm){lin[i].name, d, lin[i].per};
 		mms[nm++] = (struct bench_mm){lin[i].name, w, lin[i].per};
