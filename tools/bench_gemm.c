@@ -150,7 +150,7 @@ static int config_(const char *name, int B, int C, int L, struct ng_matmul_ctx *
 		    fill_(b.bias, (size_t)OC, 0.5, &r))
 			return 1;
 		struct ng_matmul mm;
-		struct ng_matmul_spec s = {NG_MATMUL_FWD, M, IC, OC, mms[i].gelu, 1, 0, 1, 0, 0 , 0};
+		struct ng_matmul_spec s = {NG_MATMUL_FWD, M, IC, OC, mms[i].gelu, 1, 0, 1, 0, 0, 0};
 		if (ng_matmul_plan(&mm, ctx, &s)) {
 			fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
 			return 1;
@@ -279,7 +279,7 @@ static int dgelu_config_(const char *name, int B, int C, int L, struct ng_matmul
 	     fill_(d.w, (size_t)N * K, 1.0 / sqrt(K), &r) || fill_(d.pre, big, 1.5, &r) ||
 	     ng_transpose_bf16(d.wt, d.w, K, N, 1, 0) != NG_OK;
 	struct ng_matmul mm;
-	struct ng_matmul_spec sp = {NG_MATMUL_DINP, M, N, K, 0, 0, 0, 1, 0, 0 , 0};
+	struct ng_matmul_spec sp = {NG_MATMUL_DINP, M, N, K, 0, 0, 0, 1, 0, 0, 0};
 	if (!rc && ng_matmul_plan(&mm, ctx, &sp)) {
 		fprintf(stderr, "bench_gemm: %s\n", ng_error_message());
 		rc = 1;

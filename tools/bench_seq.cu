@@ -196,8 +196,8 @@ int main(int argc, char **argv)
 		return 1;
 	struct ng_matmul dinp, fwd;
 	/* autotuned, except with --once (the heuristic's first: no launches before the profiled) */
-	struct ng_matmul_spec sd = { NG_MATMUL_DINP, (int)M, 4 * C, C, 0, 0, 0, !once, 0, 0 };
-	struct ng_matmul_spec sf = { NG_MATMUL_FWD, (int)M, C, 3 * C, 0, 0, 0, !once, 0, 0 };
+	struct ng_matmul_spec sd = { NG_MATMUL_DINP, (int)M, 4 * C, C, 0, 0, 0, !once, 0, 0, 0 };
+	struct ng_matmul_spec sf = { NG_MATMUL_FWD, (int)M, C, 3 * C, 0, 0, 0, !once, 0, 0, 0 };
 	if (ng_matmul_plan(&dinp, &ctx, &sd) || ng_matmul_plan(&fwd, &ctx, &sf)) {
 		fprintf(stderr, "bench_seq: %s\n", ng_error_message());
 		return 1;
