@@ -153,7 +153,7 @@ static enum ng_status capture_step(struct ng_exec *e)
 		e->spr_variant = v; /* the step of window W = v + 1 */
 		st = capture(e, &e->train, e->train_plan, &e->spr_graph[v], &e->spr_exec[v]);
 	}
-	e->spr_variant = NG_EXEC_SPR_BANDS - 1; /* eval: the widest bands, right at any step */
+	e->spr_variant = NG_EXEC_SPR_BANDS - 1; /* eval: the widest bands, right at any window */
 	if (!st && !e->cfg.no_graph && !spr)
 		st = capture(e, &e->train, e->train_plan, &e->train_graph, &e->train_exec);
 	if (!st && !e->cfg.no_graph && e->cfg.eval_batches > 0)

@@ -177,8 +177,11 @@ enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out,
 /* Ask to stop: every later step carries stop > 0 in its step state and metrics record (with
  * data parallelism reduced over ranks, so every rank sees it at the same step). */
 void ng_exec_request_stop(struct ng_exec *e);
-/* Mean loss over eval_batches batches of B*(T+1) tokens (synchronous). */
-enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss);
+/* Mean loss over eval_batches batches of B*(T+1) tokens (synchronous). The speedrun model
+ * attends within `window` blocks of 128 tokens (<= 0 or above NG_EXEC_SPR_BANDS: the widest);
+ * GPT-2 models ignore it. */
+enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, int window,
+				double *loss);
 
 /* Copy a persistent flat buffer to the host as its bytes: t_grads (float), t_params_bf16 and
  * t_params_lo (uint16, the two halves of the master: kernels/split.h; ng_exec_snapshot gives

@@ -87,7 +87,8 @@ enum ng_status ng_exec_collect(struct ng_exec *e, struct ng_metrics_record *out,
 	return NG_OK;
 }
 
-enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, double *loss)
+enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, int window,
+				double *loss)
 {
 	if (e->cfg.eval_batches == 0)
 		return ng_fail(NG_ERR_RUNTIME, "no evaluation graph was planned");
@@ -96,8 +97,17 @@ enum ng_status ng_exec_evaluate(struct ng_exec *e, const uint16_t *tokens, doubl
 		return NG_ERR_RUNTIME;
 	memcpy(e->h_eval_tokens, tokens,
 	       (size_t)e->cfg.eval_batches * e->cfg.B * (e->cfg.T + 1) * sizeof(uint16_t));
-	enum ng_status st = e->cfg.no_graph ? ng_exec_run_eager_(e, g, e->eval_plan)
-					    : NG_CUDA_CHECK(cudaGraphLaunch(e->eval_exec, e->stream));
+	enum ng_status st = NG_OK;
+	if (g->t_eval_window >= 0) { /* the speedrun's window, read by the graph's ATTN_BOUNDS */
+		int32_t w = window >= 1 && window <= NG_EXEC_SPR_BANDS ? window : NG_EXEC_SPR_BANDS;
+		st = NG_CUDA_CHECK(cudaMemcpyAsync(ng_exec_tensor_(e, g, g->t_eval_window), &w,
+						   sizeof(w), cudaMemcpyHostToDevice, e->stream));
+		if (!st) /* w lives on this stack frame */
+			st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+	}
+	if (!st)
+		st = e->cfg.no_graph ? ng_exec_run_eager_(e, g, e->eval_plan)
+				     : NG_CUDA_CHECK(cudaGraphLaunch(e->eval_exec, e->stream));
 	float l = 0;
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemcpyAsync(&l, ng_exec_tensor_(e, g, g->t_eval_loss), sizeof(float),

@@ -2,7 +2,8 @@
  * graph/exec_spr.c — the launches of the speedrun model's ops (graph/ir.h "The speedrun
  * family"), called by ng_exec_run_op_ (exec_dispatch.c) for those kinds and for the speedrun's
  * attention and loss. Every coefficient the mixes use is read from the step's fp32 scalars
- * (SCALARS); the windows come from the device step counter (ATTN_BOUNDS): no host value.
+ * (SCALARS); the windows come from the device step counter (ATTN_BOUNDS), or in the eval graph
+ * from the window the host wrote before the evaluation: no host value inside a step.
  */
 #include <math.h>
 #include <stddef.h>
@@ -153,8 +154,9 @@ enum ng_status ng_exec_run_spr_op_(struct ng_exec *e, const struct ng_graph *g,
 	}
 	case NG_OP_ATTN_BOUNDS: {
 		int32_t *lo = T_(op->out[0]), *win = T_(op->out[1]);
+		const int32_t *given = op->n_in > 2 ? T_(op->in[2]) : NULL; /* eval graphs */
 		enum ng_status st = ng_spr_windows(win, T_(op->in[1]), e->cfg.sched.total,
-						   NG_SPR_WINDOW_BLOCK, s);
+						   NG_SPR_WINDOW_BLOCK, given, s);
 		if (!st)
 			st = ng_attention_lower_bound(lo, T_(op->in[0]), win,
 						      e->att_band[NG_EXEC_SPR_BANDS - 1].max_window,

@@ -128,10 +128,12 @@
  *   SCALARS           (step level, first) in: params_bf16, params_lo. out: scalars f32: the fp32
  *                     master of xlambda, vlambda and skipw (the layout's range from xlambda to
  *                     the end of skipw), then the constant 1.0.
- *   ATTN_BOUNDS       in: inputs i32 (B, T), step_state. out: bounds i32 (2, B, T): for each
- *                     query the first key it may see (its document's start, and t - window + 1),
- *                     row 0 for the long window, row 1 for the short one; windows i32 (2): the
- *                     two windows in tokens, from the step counter (graph/step_spr.h).
+ *   ATTN_BOUNDS       in: inputs i32 (B, T), step_state[, eval_window]. out: bounds i32
+ *                     (2, B, T): for each query the first key it may see (its document's
+ *                     start, and t - window + 1), row 0 for the long window, row 1 for the
+ *                     short one; windows i32 (2): the two windows in tokens, of the window W
+ *                     the step counter gives (graph/step_spr.h), or in eval graphs of the W
+ *                     in eval_window (the host writes it before each evaluation).
  *                     The speedrun's ATTENTION_FWD / _BWD read bounds and windows after their
  *                     GPT-2 inputs; index 1 = the long window.
  *   EMBED_FWD         in: inputs, params_bf16. out: rows (N, C) bf16 = table[tok]. param[0] =
@@ -320,6 +322,8 @@ struct ng_graph {
 	/* well-known tensors (-1 when the graph has none) */
 	int t_params_lo, t_params_bf16, t_grads, t_adam_m, t_adam_v, t_step_state, t_tokens;
 	int t_eval_loss;           /* eval graphs: the f32 (1) metric */
+	int t_eval_window;         /* speedrun eval graphs: the window in blocks, i32 (1),
+	                            * persistent, written before each evaluation */
 	int t_logits_out;          /* sample graphs: logits (B, Vp) bf16, persistent */
 	int t_params_fp8;          /* --fp8 (every kind, for equal offsets): E4M3 weights u8 (P) */
 	int t_fp8_state;           /* --fp8: scales and maxima f32 (graph/step.h "FP8") */

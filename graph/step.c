@@ -738,6 +738,9 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 		size_t one[1] = { 1 };
 		g->t_eval_loss = ng_graph_add_tensor(g, "eval_loss", NG_DTYPE_F32, NG_ROLE_METRIC,
 						     true, 1, one, 0);
+		if (cfg->arch == NG_ARCH_SPEEDRUN) /* the evaluation's window, not the step's */
+			g->t_eval_window = ng_graph_add_tensor(g, "eval_window", NG_DTYPE_I32,
+							       NG_ROLE_METRIC, true, 1, one, 0);
 	} else if (kind == NG_GRAPH_SAMPLE) {
 		size_t lo[2] = { (size_t)B, (size_t)cfg->Vp };
 		g->t_logits_out = ng_graph_add_tensor(g, "logits_out", NG_DTYPE_BF16,

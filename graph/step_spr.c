@@ -151,8 +151,13 @@ static void forward(struct ng_bld *b, struct spr_fwd *f, int scalars)
 	}
 	f->bounds = ng_bld_act(b, "attn_bounds", NG_DTYPE_I32, 3, 2, B, T);
 	f->windows = ng_bld_act(b, "attn_windows", NG_DTYPE_I32, 1, 2, 1, 1);
-	emit(b, ng_bld_mk(NG_OP_ATTN_BOUNDS, NG_OP_WHICH_NONE, -1, IN(f->inputs, g->t_step_state),
-			  OUT(f->bounds, f->windows)), 0);
+	if (g->kind == NG_GRAPH_EVAL) /* the window the host asks for */
+		emit(b, ng_bld_mk(NG_OP_ATTN_BOUNDS, NG_OP_WHICH_NONE, -1,
+				  IN(f->inputs, g->t_step_state, g->t_eval_window),
+				  OUT(f->bounds, f->windows)), 0);
+	else /* the schedule's at the step counter */
+		emit(b, ng_bld_mk(NG_OP_ATTN_BOUNDS, NG_OP_WHICH_NONE, -1,
+				  IN(f->inputs, g->t_step_state), OUT(f->bounds, f->windows)), 0);
 	f->emb = ng_bld_act(b, "embed", NG_DTYPE_BF16, 3, B, T, C);
 	struct ng_op op = ng_bld_mk(NG_OP_EMBED_FWD, NG_OP_WHICH_NONE, -1,
 				    IN(f->inputs, g->t_params_bf16), OUT(f->emb));
@@ -514,8 +519,8 @@ enum ng_status ng_spr_build_sample(struct ng_graph *g, const struct ng_gpt_confi
 	(void)T;
 	(void)opt;
 	ng_graph_init(g);
-	ng_fail(NG_ERR_INPUT, "sample: the speedrun model (%d layers) has no decode path yet",
-		cfg->L);
-	ng_hint("sample from a GPT-2 family checkpoint (--model tiny|d12|...)");
+	ng_fail(NG_ERR_INPUT, "the speedrun model (%d layers) has no sample step to plan: it "
+		"decodes outside the step IR", cfg->L);
+	ng_hint("`nanograph sample --ckpt PATH` samples from it; plan --step train or eval");
 	return NG_ERR_INPUT;
 }

@@ -10,8 +10,11 @@
  *   the head over rmsnorm(x) (untied, all Vp columns), the soft-capped loss summed over tokens;
  * then the backward in reverse and the update. The window (in 128-token blocks) at step s of S
  * is W = max(1, ceil(13.5 s / S)); long-window blocks see W * 128 tokens back, the others
- * max(1, W / 2) * 128; ATTN_BOUNDS computes it on the device from the step counter, so one
- * captured step serves the whole run.
+ * max(1, W / 2) * 128; ATTN_BOUNDS computes it on the device from the step counter, so every
+ * captured variant of the step (graph/exec.h) attends within the step's window. The eval
+ * graph's ATTN_BOUNDS reads W from its eval_window tensor instead, which the host writes before
+ * each evaluation: a validation during training uses the window of the step it follows (as the
+ * reference run validates), `eval` the widest or the one asked for.
  */
 #ifndef NG_GRAPH_STEP_SPR_H
 #define NG_GRAPH_STEP_SPR_H
@@ -23,8 +26,8 @@ enum ng_status ng_spr_build_train(struct ng_graph *g, const struct ng_gpt_config
 				  int T, int K, const struct ng_step_options *opt);
 enum ng_status ng_spr_build_eval(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
 				 int T, int K, const struct ng_step_options *opt);
-/* Sampling from the speedrun model needs its own decode path (rotary, windows); until it is
- * there this says so (NG_ERR_INPUT with a hint). */
+/* The speedrun model decodes outside the step IR (graph/sampler_spr.c, launched and captured by
+ * graph/sampler.c), so there is no sample step to build: NG_ERR_INPUT with a hint. */
 enum ng_status ng_spr_build_sample(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
 				   int T, const struct ng_step_options *opt);
 

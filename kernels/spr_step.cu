@@ -30,10 +30,10 @@ enum ng_status ng_split_join_f32(float *out, const ng_bf16 *hi, const uint16_t *
 }
 
 static __global__ void spr_windows(int32_t *win, const struct ng_step_state *st, int steps,
-				   int block)
+				   int block, const int32_t *given)
 {
 	long long step = st->step, num = 27LL * step, den = 2LL * (steps > 0 ? steps : 1);
-	int w = (int)((num + den - 1) / den); /* ceil(13.5 step / steps) */
+	int w = given ? *given : (int)((num + den - 1) / den); /* ceil(13.5 step / steps) */
 	if (w < 1)
 		w = 1;
 	int h = w / 2 < 1 ? 1 : w / 2;
@@ -42,8 +42,8 @@ static __global__ void spr_windows(int32_t *win, const struct ng_step_state *st,
 }
 
 enum ng_status ng_spr_windows(int32_t *win, const struct ng_step_state *st, int steps, int block,
-			      cudaStream_t s)
+			      const int32_t *given, cudaStream_t s)
 {
-	spr_windows<<<1, 1, 0, s>>>(win, st, steps, block);
+	spr_windows<<<1, 1, 0, s>>>(win, st, steps, block, given);
 	return NG_LAUNCH_CHECK("spr_windows");
 }

@@ -22,11 +22,12 @@ extern "C" {
 enum ng_status ng_split_join_f32(float *out, const ng_bf16 *hi, const uint16_t *lo, size_t n,
 				 int ones, cudaStream_t s);
 
-/* The attention windows in tokens at the step the state is at (st->step completed steps of
- * `steps`): W = max(1, ceil(13.5 step / steps)) blocks of `block` tokens; win[0] = W * block (the
- * long-window blocks), win[1] = max(1, W / 2) * block (the others). */
+/* The attention windows in tokens: W blocks of `block` tokens, W = *given when given is not
+ * NULL (a device int32, read when the kernel runs), else the schedule's at the step the state is
+ * at (st->step completed steps of `steps`): max(1, ceil(13.5 step / steps)); W < 1 counts as 1.
+ * win[0] = W * block (the long-window blocks), win[1] = max(1, W / 2) * block (the others). */
 enum ng_status ng_spr_windows(int32_t *win, const struct ng_step_state *st, int steps, int block,
-			      cudaStream_t s);
+			      const int32_t *given, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,8 @@
  * logging as the GPU path, synchronous. For tiny models and for checking the GPU path.
  *
  * The speedrun model runs as the GPU step does (graph/step_spr.h): the window at 0-based step s
- * of S is ng_spr_window_blocks(s, S) blocks, evaluation uses the widest (the last step's), a
+ * of S is ng_spr_window_blocks(s, S) blocks, an evaluation the window it is given (a
+ * validation after s steps: the window of step s, as the GPU's; 0: the widest), a
  * document starts at token V - 1 (cpu_spr's default), the gradient is that of the loss summed
  * over the step's tokens while the loss reported is their mean. Its optimizer (AdamW or Muon,
  * graph/cpu_muon.h) works on a struct ng_cpu_model that borrows the speedrun model's
@@ -115,16 +116,17 @@ static enum ng_status cpu_collect(void *ctx, struct ng_step_result *out, int max
 	return NG_OK;
 }
 
-static enum ng_status cpu_evaluate(void *ctx, const uint16_t *tokens, int n, double *loss)
+static enum ng_status cpu_evaluate(void *ctx, const uint16_t *tokens, int n, int window,
+				   double *loss)
 {
 	struct cpu_ctx *c = ctx;
-	size_t window = (size_t)c->o->shape.B * (c->o->shape.T + 1);
+	size_t batch = (size_t)c->o->shape.B * (c->o->shape.T + 1); /* tokens a micro-batch */
+	int W = window > 0 ? window : ng_spr_window_blocks(1, 1);
 	double sum = 0;
 	for (int i = 0; i < n; i++) {
 		double l;
-		split(c, tokens + i * window);
-		/* the widest window, as the GPU's eval graph (its widest bands) at any step */
-		enum ng_status st = forward(c, ng_spr_window_blocks(1, 1), &l);
+		split(c, tokens + i * batch);
+		enum ng_status st = forward(c, W, &l);
 		if (st)
 			return st;
 		sum += l;

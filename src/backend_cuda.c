@@ -28,13 +28,14 @@ static enum ng_status cu_collect(void *ctx, struct ng_step_result *out, int max,
 	return st;
 }
 
-static enum ng_status cu_evaluate(void *ctx, const uint16_t *tokens, int n, double *loss)
+static enum ng_status cu_evaluate(void *ctx, const uint16_t *tokens, int n, int window,
+				  double *loss)
 {
 	struct ng_exec *e = ctx;
 	if (n != e->cfg.eval_batches)
 		return ng_fail(NG_ERR_RUNTIME, "evaluation planned for %d batches, asked for %d",
 			       e->cfg.eval_batches, n);
-	return ng_exec_evaluate(e, tokens, loss);
+	return ng_exec_evaluate(e, tokens, window, loss);
 }
 
 /* Rank 0 gets the whole state; with ZeRO-1 the other ranks only take part in gathering the

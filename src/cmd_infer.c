@@ -16,6 +16,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "graph/sampler.h"
+#include "graph/step_spr.h"
 #include "kernels/check.h"
 #include "kernels/decode.h"
 #include "src/checkpoint.h"
@@ -236,7 +237,7 @@ done:
 enum ng_status ng_cmd_eval(int argc, char **argv)
 {
 	const char *ckpt = NULL, *val = NULL, *device = "cuda";
-	long long batch = 8, batches = 0;
+	long long batch = 8, batches = 0, attn_window = 0;
 	struct ng_flag flags[] = {
 		{ "--ckpt", NG_FLAG_STRING, &ckpt, 0, 0, "PATH",
 		  "model_*.safetensors (or HF GPT-2 safetensors), or a checkpoint directory", false },
@@ -247,11 +248,15 @@ enum ng_status ng_cmd_eval(int argc, char **argv)
 		  "batches to evaluate, 0 = one pass over the shards, at most 100 (0)", false },
 		{ "--device", NG_FLAG_STRING, &device, 0, 0, "cuda|cpu",
 		  "cuda (default) or cpu (the double-precision reference)", false },
+		{ "--window", NG_FLAG_INT, &attn_window, 0, ng_spr_window_blocks(1, 1), "W",
+		  "speedrun model: attention window in blocks of 128 tokens, 0 = the widest, as at "
+		  "the end of training (0)", false },
 	};
 	struct ng_command_spec spec = {
 		.name = "eval",
 		.summary = "Validation loss and perplexity of a checkpoint.",
-		.usage = "--ckpt PATH --val GLOB [--batch B] [--batches N] [--device cuda|cpu]",
+		.usage = "--ckpt PATH --val GLOB [--batch B] [--batches N] [--device cuda|cpu] "
+			 "[--window W]",
 		.flags = flags,
 		.nflags = (int)(sizeof(flags) / sizeof(flags[0])),
 	};
@@ -277,6 +282,8 @@ enum ng_status ng_cmd_eval(int argc, char **argv)
 		return st;
 	if (cfg.arch == NG_ARCH_SPEEDRUN && !ng_cli_seen(&spec, "--batch"))
 		batch = 1; /* its sequences are long (49152 tokens): one a batch, as train takes */
+	if (cfg.arch != NG_ARCH_SPEEDRUN && attn_window)
+		fprintf(stderr, "eval: --window applies to the speedrun model only; ignored\n");
 	struct ng_loader ld;
 	struct ng_loader_config lc = { .pattern = val, .B = (int)batch, .T = cfg.T,
 				       .vocab = cfg.V, .rank = 0, .world = 1, .seed = 0,
@@ -325,7 +332,7 @@ enum ng_status ng_cmd_eval(int argc, char **argv)
 	}
 	double loss = 0;
 	if (!st)
-		st = be.evaluate(be.ctx, tokens, n, &loss);
+		st = be.evaluate(be.ctx, tokens, n, (int)attn_window, &loss);
 	if (!st) {
 		printf("{\"val_loss\":%.6f,\"perplexity\":%.4f,\"tokens\":%lld}\n", loss, exp(loss),
 		       (long long)n * batch * cfg.T);

@@ -18,6 +18,7 @@
 
 #include "data/loader.h"
 #include "data/synth.h"
+#include "graph/step_spr.h"
 #include "util/file.h"
 
 struct feed {
@@ -267,16 +268,20 @@ static enum ng_status drain(struct ng_backend *be, struct logger *lg, bool wait,
 	return NG_OK;
 }
 
-/* *out (may be NULL): the validation loss, NAN when this rank does not validate. */
+/* The validation after `step` of `steps` steps; *out (may be NULL): its loss, NAN when this
+ * rank does not validate. */
 static enum ng_status validate(struct ng_backend *be, struct feed *f, struct logger *lg,
-			       long long step, double *out)
+			       long long step, long long steps, double *out)
 {
 	if (out)
 		*out = NAN;
 	if (!f->val || f->rank != 0) /* the same batches on every rank: rank 0 evaluates */
 		return NG_OK;
 	double loss;
-	enum ng_status st = be->evaluate(be->ctx, f->val, f->n_val, &loss);
+	/* the speedrun model attends within the window of the step that comes next, as the
+	 * reference run validates (the widest at the end) */
+	enum ng_status st = be->evaluate(be->ctx, f->val, f->n_val,
+					 ng_spr_window_blocks((int)step, (int)steps), &loss);
 	if (st)
 		return st;
 	if (out)
@@ -666,7 +671,7 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 			st = drain(be, &lg, true, o->log_every);
 			double t0 = now_s(), vl = NAN;
 			if (!st)
-				st = validate(be, &f, &lg, step + 1, &vl);
+				st = validate(be, &f, &lg, step + 1, o->steps, &vl);
 			double dt = now_s() - t0;
 			lg.t_val += dt;
 			lg.t_last += dt; /* the next step's time leaves the validation out */
@@ -698,7 +703,7 @@ enum ng_status ng_train_run(const struct ng_train_opts *o, struct ng_backend *be
 	if (!st && start < end && !written && (o->ckpt_every > 0 || lg.stop_at))
 		st = checkpoint(o, be, &f, &lg, end, NULL);
 	if (!st && end == o->steps) /* a run stopped at its target validated there already */
-		st = validate(be, &f, &lg, end, NULL);
+		st = validate(be, &f, &lg, end, o->steps, NULL);
 	if (!st && lg.metrics_errno)
 		st = metrics_error(&lg, end);
 	if (st)

@@ -91,8 +91,11 @@ struct ng_backend {
 	/* Results of completed steps, oldest first; returns how many were written (<= max). When
 	 * `wait` is set, blocks until every submitted step has completed. */
 	enum ng_status (*collect)(void *ctx, struct ng_step_result *out, int max, bool wait, int *n);
-	/* Mean loss over n micro-batches of B*(T+1) tokens (synchronous). */
-	enum ng_status (*evaluate)(void *ctx, const uint16_t *tokens, int n, double *loss);
+	/* Mean loss over n micro-batches of B*(T+1) tokens (synchronous). The speedrun model
+	 * attends within `window` 128-token blocks (0: the widest, ng_spr_window_blocks(1, 1));
+	 * GPT-2 models ignore it. */
+	enum ng_status (*evaluate)(void *ctx, const uint16_t *tokens, int n, int window,
+				   double *loss);
 	/* Copy the training state out, between steps with nothing in flight: fills s->step,
 	 * s->n_skipped and s->params/m/v (allocated here with ng_ckpt_state_alloc, in the master
 	 * copy's precision), and *params32 (malloc'ed fp32 model weights, lay.total). With

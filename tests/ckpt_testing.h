@@ -179,17 +179,18 @@ static inline enum ng_status train_with(char **argv, int argc, const char *extra
 	return ng_cmd_train(argc, all);
 }
 
-/* `nanograph eval --ckpt model --val shard --batch 2 --device cpu`, its stdout captured in
- * out: the val_loss it prints. */
-static inline double eval_cpu_loss(const char *model, const char *shard, const char *out)
+/* `nanograph eval --ckpt model --val shard --batch 2 --device cpu [--window W]` (window NULL:
+ * without the flag), its stdout captured in out: the val_loss it prints. */
+static inline double eval_cpu_loss(const char *model, const char *shard, const char *out,
+				   const char *window)
 {
 	fflush(stdout);
 	int saved = dup(1), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	dup2(fd, 1);
 	close(fd);
 	char *argv[] = { "eval", "--ckpt", (char *)model, "--val", (char *)shard, "--batch", "2",
-			 "--device", "cpu" };
-	enum ng_status st = ng_cmd_eval(9, argv);
+			 "--device", "cpu", "--window", (char *)window };
+	enum ng_status st = ng_cmd_eval(window ? 11 : 9, argv);
 	fflush(stdout);
 	dup2(saved, 1);
 	close(saved);

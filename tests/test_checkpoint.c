@@ -868,7 +868,7 @@ Test(checkpoint, eval_matches_the_reference_loss)
 	}
 	ng_cpu_model_free(&m);
 
-	double got = eval_cpu_loss(model, shard, out);
+	double got = eval_cpu_loss(model, shard, out, NULL);
 	cr_assert(fabs(got - want) <= 2e-6, "seed %llu: eval %.6f, reference %.8f (abs err %.3g)",
 		  (unsigned long long)seed, got, want, fabs(got - want));
 	free(tok);

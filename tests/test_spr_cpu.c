@@ -6,7 +6,9 @@
  * double-precision reference (graph/cpu_spr.h) at the GPU's window schedule, and 6 steps
  * straight equal 3 + --resume + 3 bit for bit (losses, state file) under Muon and AdamW;
  * `--init` starts from its file and refuses another model's; `eval --device cpu` equals the
- * reference's mean loss at the widest window; `sample` reads and decodes it (a GPU test). Fresh random values every run (seed printed).
+ * reference's mean loss at the widest window (at W blocks with --window W), a validation during
+ * training at the window of its step; `sample` reads and decodes it (a GPU test). Fresh random
+ * values every run (seed printed).
  * Losses read from a metrics file carry 6 significant digits (%.6g): they are compared with
  * the reference to 2e-6 relative, and a window test asks the other window to miss by 10x that.
  */
@@ -107,6 +109,26 @@ static double ref_loss(const struct ng_gpt_config *cfg, const float *params, con
 	free(in);
 	free(tg);
 	return sum / ((double)B * T);
+}
+
+/* Tokens for the window tests: random, with a document start (V - 1) about every 300 tokens,
+ * so that most documents reach past the 128-token blocks. */
+static void long_documents(uint16_t *tok, int n, int V, struct ng_rng *r)
+{
+	for (int i = 0; i < n; i++)
+		tok[i] = (uint16_t)(ng_rng_below(r, 300) == 0 ? (uint64_t)V - 1
+							       : ng_rng_below(r, (uint64_t)V - 1));
+}
+
+/* A shard file (the speedrun format's header) of n tokens. */
+static void write_shard(const char *path, const uint16_t *tok, int n)
+{
+	int32_t hdr[256] = { 20240520, 1, n };
+	FILE *f = fopen(path, "wb");
+	cr_assert(f, "cannot write %s", path);
+	fwrite(hdr, sizeof(hdr), 1, f);
+	fwrite(tok, sizeof(uint16_t), (size_t)n, f);
+	fclose(f);
 }
 
 /* One error line naming `needle`, NG_ERR_INPUT, nothing handed back. */
@@ -493,17 +515,12 @@ Test(spr_cpu, eval_matches_the_reference_loss, .timeout = 120)
 	snprintf(out, sizeof(out), "%s/eval.out", ng_test_dir);
 	cr_assert_eq(ng_ckpt_write_model(model, &cfg, p), NG_OK, "%s", ng_error_message());
 	int B = 2, nb = 3, T = cfg.T, ntok = nb * B * T + 1;
-	int32_t hdr[256] = { 20240520, 1, ntok };
 	uint16_t *tok = malloc(sizeof(uint16_t) * ntok), *w = malloc(sizeof(uint16_t) * B * (T + 1));
 	cr_assert(tok && w);
 	for (int i = 0; i < ntok; i++)
 		tok[i] = (uint16_t)(ng_rng_below(&r, 40) == 0 ? (uint64_t)cfg.V - 1
 							      : ng_rng_below(&r, (uint64_t)cfg.V));
-	FILE *f = fopen(shard, "wb");
-	cr_assert(f);
-	fwrite(hdr, sizeof(hdr), 1, f);
-	fwrite(tok, sizeof(uint16_t), ntok, f);
-	fclose(f);
+	write_shard(shard, tok, ntok);
 	double want = 0;
 	for (int k = 0; k < nb; k++) {
 		for (int b = 0; b < B; b++) /* window j = tokens [j T, j T + T] */
@@ -511,11 +528,87 @@ Test(spr_cpu, eval_matches_the_reference_loss, .timeout = 120)
 		want += ref_loss(&cfg, p, w, B, T, ng_spr_window_blocks(1, 1)) / nb;
 	}
 
-	double got = eval_cpu_loss(model, shard, out);
+	double got = eval_cpu_loss(model, shard, out, NULL);
 	cr_expect(fabs(got - want) <= 2e-6, "seed %llu: eval %.6f, reference %.8f (abs err %.3g)",
 		  (unsigned long long)seed, got, want, fabs(got - want));
 	free(tok);
 	free(w);
+	free(p);
+}
+
+/* A validation after step s of S attends within the window of step s, ng_spr_window_blocks(s,
+ * S) blocks (here 3 of 10), as the GPU's eval graph does and as the reference run validates;
+ * `eval --window W` within W blocks and `eval` within the widest. Trained with AdamW at lr 0,
+ * the weights stay the file's, so every figure is the reference's mean loss over the two
+ * validation sequences at its window. The first seed from the clock whose windows 3 and 14
+ * give different losses is taken (at most 32 tried). */
+Test(spr_cpu, validation_takes_the_step_window, .timeout = 180)
+{
+	uint64_t seed = seed_now() % 1000000;
+	struct ng_gpt_config cfg;
+	cr_assert_eq(ng_gpt_preset(&cfg, "speedrun-tiny"), NG_OK);
+	const int T = cfg.T, W = ng_spr_window_blocks(2, 10), widest = ng_spr_window_blocks(1, 1);
+	cr_expect_eq(W, 3);
+	const int nval = 2 * T + 1, ntrain = 4 * T + 1; /* two validation sequences of T + 1 */
+	uint16_t *val = malloc(sizeof(uint16_t) * nval), *trn = malloc(sizeof(uint16_t) * ntrain);
+	cr_assert(val && trn);
+	struct ng_gpt_layout lay;
+	float *p = NULL;
+	double want = 0, want_widest = 0;
+	for (int tries = 0; tries < 32; tries++, seed++) {
+		free(p);
+		p = signal_params(&cfg, &lay, seed);
+		struct ng_rng r;
+		ng_rng_seed(&r, seed);
+		long_documents(val, nval, cfg.V, &r);
+		want = (ref_loss(&cfg, p, val, 1, T, W) + ref_loss(&cfg, p, val + T, 1, T, W)) / 2;
+		want_widest = (ref_loss(&cfg, p, val, 1, T, widest) +
+			       ref_loss(&cfg, p, val + T, 1, T, widest)) / 2;
+		if (fabs(want_widest - want) > 2e-5 * want)
+			break;
+	}
+	cr_expect(fabs(want_widest - want) > 2e-5 * want, "seed %llu: the windows give the same "
+		  "loss %.8g, so this test does not tell them apart", (unsigned long long)seed,
+		  want);
+	struct ng_rng r;
+	ng_rng_seed(&r, seed ^ 0x5eed);
+	long_documents(trn, ntrain, cfg.V, &r);
+	ng_test_dir_make("ng_spr_test_");
+	char model[512], vshard[512], tshard[512], dir[512], metrics[512], out[512], sd[32];
+	snprintf(model, sizeof(model), "%s/m.safetensors", ng_test_dir);
+	snprintf(vshard, sizeof(vshard), "%s/val_000000.bin", ng_test_dir);
+	snprintf(tshard, sizeof(tshard), "%s/train_000000.bin", ng_test_dir);
+	snprintf(dir, sizeof(dir), "%s/ck", ng_test_dir);
+	snprintf(metrics, sizeof(metrics), "%s/m.jsonl", ng_test_dir);
+	snprintf(out, sizeof(out), "%s/eval.out", ng_test_dir);
+	snprintf(sd, sizeof(sd), "%llu", (unsigned long long)seed);
+	cr_assert_eq(ng_ckpt_write_model(model, &cfg, p), NG_OK, "%s", ng_error_message());
+	write_shard(vshard, val, nval);
+	write_shard(tshard, trn, ntrain);
+
+	char *argv[] = { "train", "--device", "cpu", "--model", "speedrun-tiny", "--batch", "1",
+			 "--steps", "10", "--stop-after", "2", "--optimizer", "adamw", "--lr", "0",
+			 "--train", tshard, "--val", vshard, "--val-every", "2", "--val-batches",
+			 "2", "--seed", sd, "--init", model, "--out", dir, "--metrics", metrics };
+	cr_assert_eq(ng_cmd_train((int)(sizeof(argv) / sizeof(argv[0])), argv), NG_OK, "%s",
+		     ng_error_message());
+	char v[4][32];
+	int steps[4];
+	cr_assert_eq(metric_texts(metrics, "val_loss", v, steps, 4), 1);
+	cr_expect_eq(steps[0], 2);
+	double got = strtod(v[0], NULL);
+	cr_expect(fabs(got - want) <= 2e-6 * want, "seed %llu: validation after step 2 %.8g, the "
+		  "reference at W = %d %.8g (at the widest window %.8g)", (unsigned long long)seed,
+		  got, W, want, want_widest);
+
+	double at_w = eval_cpu_loss(model, vshard, out, "3"); /* prints %.6f */
+	cr_expect(fabs(at_w - want) <= 2e-6, "seed %llu: eval --window 3 %.6f, the reference "
+		  "%.8f", (unsigned long long)seed, at_w, want);
+	double dflt = eval_cpu_loss(model, vshard, out, NULL);
+	cr_expect(fabs(dflt - want_widest) <= 2e-6, "seed %llu: eval %.6f, the reference at the "
+		  "widest window %.8f", (unsigned long long)seed, dflt, want_widest);
+	free(val);
+	free(trn);
 	free(p);
 }
 

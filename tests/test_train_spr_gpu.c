@@ -74,6 +74,16 @@ static void fill_tokens(uint16_t *tok, int n, int V, struct ng_rng *r)
 							     : ng_rng_below(r, (uint64_t)V - 1));
 }
 
+/* Micro-batch k of the K x B windows of T + 1 tokens as the reference's inputs and targets. */
+static void split_batch(const uint16_t *tok, int k, int B, int T, int32_t *in, int32_t *tg)
+{
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++) {
+			in[b * T + t] = tok[(k * B + b) * (T + 1) + t];
+			tg[b * T + t] = tok[(k * B + b) * (T + 1) + t + 1];
+		}
+}
+
 static double rel_l2(const float *a, const double *ref, size_t n)
 {
 	double num = 0, den = 0;
@@ -175,11 +185,7 @@ static void step_matches(int B, int T, int K, int head_fp8, int fuse)
 	int W = ng_spr_window_blocks(AT_STEP, TOTAL_STEPS);
 	ng_cpu_spr_zero_grad(&m);
 	for (int k = 0; k < K; k++) {
-		for (int b = 0; b < B; b++)
-			for (int t = 0; t < T; t++) {
-				in[b * T + t] = tok[(k * B + b) * (T + 1) + t];
-				tg[b * T + t] = tok[(k * B + b) * (T + 1) + t + 1];
-			}
+		split_batch(tok, k, B, T, in, tg);
 		double l;
 		cr_assert_eq(ng_cpu_spr_forward(&m, in, tg, W, &l), NG_OK, "%s", ng_error_message());
 		cr_assert_eq(ng_cpu_spr_backward(&m, 1.0), NG_OK);
@@ -353,4 +359,72 @@ Test(train_spr_gpu, graph_equals_eager_deterministic)
 	graph = three_steps(0, 3, &total), eager = three_steps(1, 3, &total);
 	expect_same_params(graph, eager, total, "graph and eager, relu^2 fused");
 	free(graph), free(eager);
+}
+
+/* The eval graph attends within the window ng_exec_evaluate is given, not the step counter's
+ * (restored at AT_STEP, whose schedule gives 3 blocks): at 1, 3 and 14 blocks (and 0, the
+ * widest) its mean loss over two sequences of T = 512 against the reference's at that window,
+ * within the loss bound of the step tests (1e-2 relative). The documents run ~300 tokens, so
+ * that the windows see different keys; each GPU loss must also lie nearer its own window's
+ * reference than another window's wherever those two references differ by more than 1e-3
+ * relative (the step tests' losses agree to ~1e-5). */
+Test(train_spr_gpu, eval_takes_the_given_window)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = (uint64_t)time(NULL);
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	const int B = 1, T = 512, NB = 2;
+	struct ng_exec_config c;
+	spr_config(&c, B, T, 1, 0);
+	c.eval_batches = NB;
+	struct ng_exec e;
+	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
+	size_t total = e.train.lay.total;
+	float *p0 = malloc(total * 4), *zero = calloc(total, 4);
+	uint16_t *tok = malloc(sizeof(uint16_t) * NB * B * (T + 1));
+	int32_t *in = malloc(sizeof(int32_t) * B * T), *tg = malloc(sizeof(int32_t) * B * T);
+	cr_assert(p0 && zero && tok && in && tg);
+	random_params(&e.train.lay, p0, &r);
+	cr_assert_eq(ng_exec_restore(&e, p0, zero, zero, AT_STEP, 0), NG_OK, "%s",
+		     ng_error_message());
+	const uint64_t V = (uint64_t)c.model.V;
+	for (int i = 0; i < NB * B * (T + 1); i++) /* a document start about every 300 tokens */
+		tok[i] = (uint16_t)(ng_rng_below(&r, 300) == 0 ? V - 1 : ng_rng_below(&r, V - 1));
+	struct ng_cpu_spr_model m;
+	cr_assert_eq(ng_cpu_spr_init(&m, &c.model, B, T, c.seed), NG_OK, "%s", ng_error_message());
+	ng_cpu_spr_load_params(&m, p0);
+	const int windows[3] = { 1, 3, NG_EXEC_SPR_BANDS };
+	double want[3], got[3];
+	for (int w = 0; w < 3; w++) {
+		want[w] = 0;
+		for (int k = 0; k < NB; k++) {
+			split_batch(tok, k, B, T, in, tg);
+			double l;
+			cr_assert_eq(ng_cpu_spr_forward(&m, in, tg, windows[w], &l), NG_OK, "%s",
+				     ng_error_message());
+			want[w] += l / ((double)NB * B * T);
+		}
+		cr_assert_eq(ng_exec_evaluate(&e, tok, windows[w], &got[w]), NG_OK, "%s",
+			     ng_error_message());
+		fprintf(stderr, "speedrun eval at W = %d: gpu %.6f ref %.6f\n", windows[w], got[w],
+			want[w]);
+		cr_expect(fabs(got[w] - want[w]) < 1e-2 * want[w], "W = %d: eval gpu %.6f ref %.6f "
+			  "(seed %llu)", windows[w], got[w], want[w], (unsigned long long)seed);
+	}
+	for (int w = 0; w < 3; w++)
+		for (int o = 0; o < 3; o++)
+			if (o != w && fabs(want[o] - want[w]) > 1e-3 * want[w])
+				cr_expect(fabs(got[w] - want[w]) < fabs(got[w] - want[o]),
+					  "W = %d: eval gpu %.6f nearer the reference at W = %d "
+					  "(%.6f) than at its own (%.6f) (seed %llu)", windows[w],
+					  got[w], windows[o], want[o], want[w],
+					  (unsigned long long)seed);
+	double widest;
+	cr_assert_eq(ng_exec_evaluate(&e, tok, 0, &widest), NG_OK, "%s", ng_error_message());
+	cr_expect(widest == got[2], "window 0 gives %.8f, the widest %.8f", widest, got[2]);
+	ng_cpu_spr_free(&m);
+	free(p0), free(zero), free(tok), free(in), free(tg);
+	ng_exec_free(&e);
 }

@@ -75,9 +75,9 @@ static void si_request_stop(void *ctx)
 		*m->flagged_from = m->submitted + 1;
 }
 
-static enum ng_status si_evaluate(void *ctx, const uint16_t *t, int n, double *loss)
+static enum ng_status si_evaluate(void *ctx, const uint16_t *t, int n, int window, double *loss)
 {
-	(void)ctx, (void)t, (void)n;
+	(void)ctx, (void)t, (void)n, (void)window;
 	*loss = 1.0;
 	return NG_OK;
 }
