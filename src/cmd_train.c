@@ -24,7 +24,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 	struct ng_flag flags[NG_MODEL_NFLAGS + 56];
 	/* --optimizer muon (kernels/muon.h; defaults of ng_muon_config_default) */
 	double muon_lr = 0.05, adam_lr = 0.008, embed_mult = 1, scalar_mult = 5, cooldown = 0.4;
-	double head_mult = 27.5;
+	double head_mult = 27.5, adam_eps = 1e-10;
 	long long mu_warmup = 300;
 	ng_cli_model_flags(&ma, flags, "d12", 0); /* --model tiny: --batch 8 */
 	struct ng_flag more[] = {
@@ -149,6 +149,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		{ "--cooldown-frac", NG_FLAG_DOUBLE, &cooldown, 0, 1, "X",
 		  "muon: last fraction of the steps with the linear lr cooldown to 0.1x (0.4)",
 		  false },
+		{ "--adam-eps", NG_FLAG_DOUBLE, &adam_eps, 0, 1, "X",
+		  "muon: Adam's epsilon, added to the root of its uncorrected second moment (1e-10)",
+		  false },
 	};
 	int nmore = (int)(sizeof(more) / sizeof(more[0]));
 	memcpy(flags + NG_MODEL_NFLAGS, more, sizeof(more));
@@ -227,6 +230,7 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		o.muon.adam_mult[NG_MUON_ADAM_SCALAR] = (float)scalar_mult;
 		o.muon.adam_mult[NG_MUON_ADAM_HEAD] = (float)head_mult;
 		o.muon.cooldown_frac = (float)cooldown;
+		o.muon.eps = (float)adam_eps;
 		if (!ng_cli_seen(&spec, "--clip")) /* the speedrun clips nothing */
 			o.clip = 0;
 		if (o.zero1) {

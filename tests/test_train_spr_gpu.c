@@ -1,7 +1,8 @@
 /*
  * tests/test_train_spr_gpu.c — the speedrun model's whole GPU step (graph/step_spr.c, run by
  * graph/exec_spr.c) against its double-precision CPU reference (graph/cpu_spr.c) on the tiny
- * preset, and the captured graph against eager launches.
+ * preset, its Muon update against graph/cpu_muon.c's, its eval graph at the window it is
+ * given, and the captured graph against eager launches.
  *
  * The step is taken from a state with every tensor random (the zero-initialised projections and
  * head would leave most gradients zero), at a step count where the windows are 3 blocks (long)
@@ -24,6 +25,7 @@
 
 #include <cuda_runtime.h>
 
+#include "graph/cpu_muon.h"
 #include "graph/cpu_spr.h"
 #include "graph/exec.h"
 #include "graph/step_spr.h"
@@ -426,5 +428,122 @@ Test(train_spr_gpu, eval_takes_the_given_window)
 	cr_expect(widest == got[2], "window 0 gives %.8f, the widest %.8f", widest, got[2]);
 	ng_cpu_spr_free(&m);
 	free(p0), free(zero), free(tok), free(in), free(tg);
+	ng_exec_free(&e);
+}
+
+/* --optimizer muon on the speedrun model (its groups: the qkv and attention-projection matrices
+ * of the L - 1 blocks with attention; Adam's embeddings x75, head, scalars), one GPU step from
+ * random weights restored at AT_STEP (momentum and moments zero), the update against the
+ * double-precision reference applied to the GPU's own gradients at that step's schedule, by
+ * tests/test_train_gpu.c's rules: Adam's parameters within 1e-4 relative (fp32 against
+ * double, the step size added to the denominator); each Muon group's update W1 - W0 in
+ * relative L2 within 2 x the bf16 emulation's error (graph/cpu_muon.h) + 1e-3. */
+Test(train_spr_gpu, muon_step_matches_cpu_reference)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = (uint64_t)time(NULL);
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	const int B = 1, T = 400;
+	struct ng_exec_config c;
+	spr_config(&c, B, T, 1, 0);
+	c.step.muon = 1;
+	c.muon = ng_muon_config_default(TOTAL_STEPS);
+	c.muon.adam_mult[NG_MUON_ADAM_EMBED] = 75; /* the speedrun's, as train sets it */
+	struct ng_exec e;
+	cr_assert_eq(ng_exec_init(&e, &c, NULL), NG_OK, "init: %s", ng_error_message());
+	const struct ng_graph *g = &e.train;
+	size_t total = g->lay.total;
+	float *p0 = malloc(total * 4), *zero = calloc(total, 4), *grads = malloc(total * 4);
+	float *p1 = malloc(total * 4), *m1 = malloc(total * 4), *v1 = malloc(total * 4);
+	cr_assert(p0 && zero && grads && p1 && m1 && v1);
+	random_params(&g->lay, p0, &r);
+	cr_assert_eq(ng_exec_restore(&e, p0, zero, zero, AT_STEP, 0), NG_OK, "%s",
+		     ng_error_message());
+	uint16_t *tok;
+	cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
+	const uint64_t V = (uint64_t)c.model.V;
+	for (int i = 0; i < B * (T + 1); i++)
+		tok[i] = (uint16_t)(ng_rng_below(&r, 90) == 0 ? V - 1 : ng_rng_below(&r, V - 1));
+	cr_assert_eq(ng_exec_submit(&e), NG_OK, "%s", ng_error_message());
+	struct ng_metrics_record rec;
+	int n;
+	cr_assert_eq(ng_exec_collect(&e, &rec, NULL, 1, true, &n), NG_OK, "%s", ng_error_message());
+	cr_assert_eq(n, 1);
+	cr_assert(!rec.skipped, "the step was skipped (loss %g)", rec.loss);
+	cr_assert_eq(ng_exec_download(&e, g->t_grads, grads), NG_OK);
+	long long step, nsk;
+	cr_assert_eq(ng_exec_snapshot(&e, p1, m1, v1, &step, &nsk), NG_OK, "%s", ng_error_message());
+	cr_expect_eq(step, AT_STEP + 1);
+	const double f = ng_muon_lr_factor(AT_STEP, TOTAL_STEPS, c.muon.cooldown_frac,
+					   c.muon.final_frac);
+	const double mu = ng_muon_momentum(AT_STEP, c.muon.mu_start, c.muon.mu_end,
+					   c.muon.mu_warmup);
+	cr_expect(fabs(rec.lr - c.muon.lr * f) < 1e-6, "lr gpu %g, Muon's %g", rec.lr,
+		  c.muon.lr * f);
+	for (int i = 0; i < NG_P_COUNT; i++) { /* Adam */
+		int group = ng_muon_adam_group_of((enum ng_param_id)i);
+		const struct ng_param_spec *p = &g->lay.p[i];
+		if (group < 0 || !ng_param_present(p))
+			continue;
+		size_t nn = p->numel;
+		double *pd = malloc(nn * 8), *md = calloc(nn, 8), *vd = calloc(nn, 8),
+		       *gd = malloc(nn * 8);
+		cr_assert(pd && md && vd && gd);
+		for (size_t j = 0; j < nn; j++) {
+			pd[j] = p0[p->offset + j];
+			gd[j] = grads[p->offset + j];
+		}
+		double alpha = ng_ref_muon_adam_alpha(&c.muon, group, AT_STEP);
+		ng_ref_adam_speedrun(pd, md, vd, gd, nn, alpha, c.muon.beta1, c.muon.beta2,
+				     c.muon.eps, 1.0);
+		double worst = 0;
+		for (size_t j = 0; j < nn; j++) {
+			double d = fabs(p1[p->offset + j] - pd[j]) / (fabs(pd[j]) + alpha);
+			worst = d > worst ? d : worst;
+		}
+		cr_expect(worst < 1e-4, "adam %s: worst rel err %.3e (seed %llu)", p->name, worst,
+			  (unsigned long long)seed);
+		free(pd), free(md), free(vd), free(gd);
+	}
+	struct ng_muon_group grp[NG_MUON_GROUPS];
+	ng_muon_groups(&g->cfg, grp);
+	for (int k = 0; k < NG_MUON_GROUPS; k++) {
+		const struct ng_param_spec *p = &g->lay.p[grp[k].param];
+		size_t nn = (size_t)grp[k].batch * grp[k].rows * grp[k].cols;
+		cr_assert_leq(nn, p->numel, "group %d: %zu elements, %s has %zu", k, nn, p->name,
+			      p->numel);
+		double *w[2], *m = malloc(nn * 8), *gd = malloc(nn * 8);
+		cr_assert(m && gd);
+		for (int b = 0; b < 2; b++) { /* b = 0: double Newton-Schulz, 1: bf16 emulation */
+			w[b] = malloc(nn * 8);
+			cr_assert(w[b]);
+			for (size_t j = 0; j < nn; j++) {
+				w[b][j] = p0[p->offset + j];
+				gd[j] = grads[p->offset + j];
+				m[j] = 0;
+			}
+			ng_ref_muon(w[b], m, gd, grp[k].batch, grp[k].rows, grp[k].cols, mu,
+				    c.muon.lr * f, grp[k].scale, 1.0, b);
+		}
+		double eg = 0, ee = 0, den = 0;
+		for (size_t j = 0; j < nn; j++) {
+			double d64 = w[0][j] - p0[p->offset + j];
+			double dg = (double)p1[p->offset + j] - p0[p->offset + j];
+			double de = w[1][j] - p0[p->offset + j];
+			eg += (dg - d64) * (dg - d64);
+			ee += (de - d64) * (de - d64);
+			den += d64 * d64;
+		}
+		eg = sqrt(eg / den), ee = sqrt(ee / den);
+		fprintf(stderr, "speedrun muon %-9s (%d x %d x %d) update rel L2 err %.3e (bf16 "
+			"emulation %.3e)\n", p->name, grp[k].batch, grp[k].rows, grp[k].cols, eg, ee);
+		cr_expect(eg <= 2 * ee + 1e-3, "muon %s: update rel L2 err %.3e > 2 x bf16 "
+			  "emulation's %.3e + 1e-3 (seed %llu)", p->name, eg, ee,
+			  (unsigned long long)seed);
+		free(w[0]), free(w[1]), free(m), free(gd);
+	}
+	free(p0), free(zero), free(grads), free(p1), free(m1), free(v1);
 	ng_exec_free(&e);
 }

@@ -26,14 +26,25 @@ Modes:
            speedrun-tiny (5 s) and on the full speedrun preset at B=1 T=200 (160 s, 14 GiB).
              python3 tools/peer/speedrun_peer.py --check [--model speedrun-tiny] [--batch 2]
                  [--seq 200] [--windows 1,3] [--build build]
-  training on a GPU: bf16 autocast, torch.compile, AdamW (the speedrun's Muon is not here yet),
-           the exact head in bf16 (no FP8), window ramp W = max(1, ceil(13.5 step / steps)):
+  --check-train  float64 on the CPU: the whole recipe (model, Muon and Adam with their lr,
+           momentum and window schedules; SpeedrunOptimizer, written from the recipe's text)
+           trained for --steps from export_init's weights, here and by `nanograph train --device
+           cpu --optimizer muon` on the same shard of random tokens: every step's loss and the
+           final weights compared (check_train says how). Measured on speedrun-tiny, 30 steps
+           with --muon-momentum-warmup 10 (window 1 -> 14, the momentum past its cap, the
+           cooldown): losses within 8e-7 (ours printed to 6 digits), weights within 5e-8
+           relative L2 (float32 storage); ~45 s.
+             python3 tools/peer/speedrun_peer.py --check-train --steps 30 \
+                 --muon-momentum-warmup 10 [--seed N] [--build build]
+  training on a GPU: bf16 autocast, torch.compile, AdamW or --optimizer muon (the speedrun's:
+           Newton-Schulz in bf16), the exact head in bf16 (no FP8), window ramp
+           W = max(1, ceil(13.5 step / steps)):
              python3 tools/peer/speedrun_peer.py --model speedrun --init init.bin \
-                 --train 'shards/train_*.bin' --steps 100
-           (init.bin from build/tools/export_init speedrun SEED init.bin). This mode has not been
-           run on a GPU yet.
+                 --train 'shards/train_*.bin' --steps 100 [--optimizer muon]
+           (init.bin from build/tools/export_init speedrun SEED init.bin; --optimizer muon has
+           not run on a GPU yet).
 """
-import argparse, glob, math, os, subprocess, sys, tempfile
+import argparse, glob, json, math, os, subprocess, sys, tempfile
 
 import numpy as np
 import torch
@@ -313,6 +324,106 @@ def load_flat(model, flat):
     assert not left, f"parameters the flat file does not set: {left}"
 
 
+def named_tensors(model):
+    """The model's parameters under the names of our speedrun model files (src/checkpoint.c):
+    wte and ve.<t> their V real rows, blocks.<l>.<name> a block's slice, headw, skipw."""
+    V = model.V
+    out = {"wte": model.embed.weight[:V], "headw": model.lm_head.weight,
+           "skipw": model.skip_weights}
+    for t in range(N_VE):
+        out["ve.%d" % t] = model.value_embeds[t].weight[:V]
+    for l, b in enumerate(model.blocks):
+        out["blocks.%d.xlambda" % l] = b.lambdas
+        out["blocks.%d.fcw" % l] = b.mlp.fc.weight
+        out["blocks.%d.fcprojw" % l] = b.mlp.proj.weight
+        if b.attn is not None:
+            out["blocks.%d.qkvw" % l] = b.attn.qkv.weight
+            out["blocks.%d.attprojw" % l] = b.attn.proj.weight
+            out["blocks.%d.vlambda" % l] = b.attn.lambdas
+    return out
+
+
+# The speedrun's optimizer as its text states it (the recipe's "Optimizers"): Muon on every
+# hidden matrix, Adam on the rest, one schedule.
+NS_ABC = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(u, steps=5, bf16=False):
+    """Orthogonalise u (..., rows, cols), each matrix on its own: X = u / (|u|_F + 1e-7), as
+    (cols, rows) when rows > cols, then `steps` times A = X X^T, B = b A + (c A) A,
+    X = a X + B X. bf16: in bfloat16 (the reference's precision on a GPU), else in u's dtype."""
+    a, b, c = NS_ABC
+    x = u.bfloat16() if bf16 else u
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.transpose(-2, -1)
+    x = x / (torch.linalg.matrix_norm(x.float() if bf16 else x, keepdim=True).to(x.dtype) + 1e-7)
+    for _ in range(steps):
+        A = x @ x.transpose(-2, -1)
+        B = b * A + (c * A) @ A
+        x = a * x + B @ x
+    if tall:
+        x = x.transpose(-2, -1)
+    return x.to(u.dtype)
+
+
+class SpeedrunOptimizer:
+    """Muon (Nesterov momentum in lerp form, Newton-Schulz, lr x max(1, rows/cols)^0.5, the
+    qkv matrix as its three (C, C) slices) on the hidden matrices; Adam with the bias
+    correction in the step size and eps on the uncorrected root, per group: embeddings and
+    value embeddings x75, head x27.5, scalars x5. Every lr is constant, then falls linearly
+    over the last `cooldown` of the steps to `final` x; the momentum rises linearly over
+    `mu_warmup` steps. No weight decay, no clipping."""
+
+    def __init__(self, model, steps, muon_lr=0.05, adam_lr=0.008, mu=(0.85, 0.95),
+                 mu_warmup=300, betas=(0.8, 0.95), eps=1e-10, cooldown=0.4, final=0.1,
+                 bf16_ns=False):
+        self.steps, self.muon_lr, self.mu, self.mu_warmup = steps, muon_lr, mu, mu_warmup
+        self.betas, self.eps, self.cooldown, self.final = betas, eps, cooldown, final
+        self.bf16_ns = bf16_ns
+        self.muon = []  # (parameter, how many matrices it stacks on dim 0)
+        for b in model.blocks:
+            if b.attn is not None:
+                self.muon += [(b.attn.qkv.weight, 3), (b.attn.proj.weight, 1)]
+            self.muon += [(b.mlp.fc.weight, 1), (b.mlp.proj.weight, 1)]
+        emb = [model.embed.weight] + [t.weight for t in model.value_embeds]
+        scal = [model.skip_weights] + [b.lambdas for b in model.blocks] + \
+            [b.attn.lambdas for b in model.blocks if b.attn is not None]
+        self.adam = [(p, adam_lr * 75) for p in emb] + [(model.lm_head.weight, adam_lr * 27.5)] + \
+            [(p, adam_lr * 5) for p in scal]
+        self.state = {}
+
+    def lr_factor(self, step):
+        x = step / self.steps
+        if x < 1 - self.cooldown:
+            return 1.0
+        w = max((1 - x) / self.cooldown, 0.0)
+        return w + (1 - w) * self.final
+
+    @torch.no_grad()
+    def step(self, step):
+        """The update of 0-based step `step`."""
+        f = self.lr_factor(step)
+        mu = self.mu[0] + (self.mu[1] - self.mu[0]) * min(step / self.mu_warmup, 1.0) \
+            if self.mu_warmup > 0 else self.mu[1]
+        for p, k in self.muon:
+            g = p.grad.view(k, -1, p.size(-1))
+            m = self.state.setdefault(p, torch.zeros_like(g))
+            m.lerp_(g, 1 - mu)
+            x = newton_schulz(g.lerp(m, mu), bf16=self.bf16_ns)
+            scale = max(1.0, g.size(-2) / g.size(-1)) ** 0.5
+            p.view(k, -1, p.size(-1)).sub_(self.muon_lr * f * scale * x.to(p.dtype))
+        b1, b2 = self.betas
+        t = step + 1
+        for p, lr in self.adam:
+            g = p.grad.to(torch.float32) if p.dtype == torch.bfloat16 else p.grad
+            m, v = self.state.setdefault(p, (torch.zeros_like(g), torch.zeros_like(g)))
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            alpha = lr * f * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+            p.sub_((alpha * m / (v.sqrt() + self.eps)).to(p.dtype))
+
+
 def flat_grads(model):
     """The model's gradients in graph/gpt.h's flat layout (float64; padding zero)."""
     lay, total = layout(model.L, model.C, model.Vp)
@@ -417,8 +528,90 @@ def check(a):
     return 0 if good else 1
 
 
+def check_train(a):
+    """float64 on the CPU: a.steps steps of the whole recipe (model, Muon and Adam, the lr,
+    momentum and window schedules) from export_init's weights on one shard of random tokens,
+    here and in `nanograph train --device cpu --optimizer muon` (our double-precision
+    reference, whose constants are float32: these are too); every step's loss must agree to the
+    6 digits ours prints, and the weights after the last step to float32 storage: relative L2
+    1e-6 with Adam's eps 1e-3, 1e-5 with the recipe's 1e-10, under which an element whose
+    gradient is a few 1e-10 (a near cancellation, computed to a few digits) can take a
+    sign-like full step either way (with the constants as exact decimals here, one seed's
+    weights drift to 1e-5 in 12 steps so)."""
+    good = True
+    for eps, wtol in ((1e-3, 1e-6), (1e-10, 1e-5)):
+        good &= check_train_once(a, eps, wtol)
+    print(f"check-train: {'PASS' if good else 'FAIL'}")
+    return 0 if good else 1
+
+
+def check_train_once(a, eps, wtol):
+    from gpt_peer import load_windows
+    from ref_eval import read_safetensors
+    L, H, C, T, V = PRESETS[a.model]
+    T, B, N = a.seq or T, a.batch, a.steps
+    Vp = padded_vocab(V)
+    exe = os.path.join(a.build, "nanograph")
+    with tempfile.TemporaryDirectory() as d:
+        init, shard = os.path.join(d, "init.bin"), os.path.join(d, "train_000000.bin")
+        subprocess.run([os.path.join(a.build, "tools", "export_init"), a.model, str(a.seed),
+                        init], check=True, stdout=subprocess.DEVNULL)
+        rng = np.random.default_rng(a.seed)
+        n = B * N * T + 1  # a document start (V - 1) about every 300 tokens
+        tok = np.where(rng.integers(0, 300, n) == 0, V - 1, rng.integers(0, V - 1, n))
+        with open(shard, "wb") as f:
+            f.write(np.array([20240520, 1, n] + [0] * 253, dtype=np.int32).tobytes())
+            f.write(tok.astype(np.uint16).tobytes())
+        metrics, out = os.path.join(d, "m.jsonl"), os.path.join(d, "ck")
+        cmd = [exe, "train", "--device", "cpu", "--model", a.model, "--seq-len", str(T),
+               "--batch", str(B), "--optimizer", "muon", "--steps", str(N), "--seed",
+               str(a.seed), "--train", shard, "--no-shuffle", "--metrics", metrics, "--out", out,
+               "--ckpt-every", str(N), "--muon-momentum-warmup", str(a.muon_momentum_warmup),
+               "--adam-eps", str(eps)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ours = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l]
+        final = read_safetensors(os.path.join(out, "model_%08d.safetensors" % N))
+        model = SpeedrunGPT(L, H, C, T, V, Vp).double()
+        load_flat(model, np.fromfile(init, dtype=np.float32))
+        f32 = lambda x: float(np.float32(x))  # ours keeps them so (kernels/muon.h)
+        opt = SpeedrunOptimizer(model, N, muon_lr=f32(0.05), adam_lr=f32(0.008),
+                                mu=(f32(0.85), f32(0.95)), mu_warmup=a.muon_momentum_warmup,
+                                betas=(f32(0.8), f32(0.95)), eps=f32(eps), cooldown=f32(0.4),
+                                final=f32(0.1))
+        wins = load_windows([shard], T)
+        worst = 0.0
+        for step in range(N):
+            W = max(1, (27 * step + 2 * N - 1) // (2 * N))  # ceil(13.5 step / N)
+            xy = torch.from_numpy(np.stack(wins[step * B:(step + 1) * B]).astype(np.int64))
+            loss = model(xy[:, :-1], xy[:, 1:], W)
+            loss.backward()
+            opt.step(step)
+            model.zero_grad(set_to_none=True)
+            mean = loss.item() / (B * T)
+            rel = abs(ours[step] - mean) / mean
+            worst = max(worst, rel)
+            if a.verbose:
+                print(f"check-train: eps {eps:g} step {step + 1} W {W} loss ours "
+                      f"{ours[step]:.6f} peer {mean:.9f} rel diff {rel:.2e}")
+        werr = 0.0
+        for name, p in named_tensors(model).items():
+            got = final[name].double().reshape(-1)
+            ref = p.detach().reshape(-1)
+            err = ((got - ref).norm() / max(ref.norm().item(), 1e-30)).item()
+            big = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+            werr = max(werr, err)
+            if a.verbose:
+                print(f"check-train: {name:18s} {tuple(p.shape)} rel L2 {err:.2e}, largest "
+                      f"|ours - peer| / max |peer| {big:.2e}")
+    good = len(ours) == N and worst < 1e-5 and werr < wtol
+    print(f"check-train: Adam eps {eps:g}, {N} steps: losses within {worst:.2e} (6 printed "
+          f"digits: 1e-5), weights within {werr:.2e} relative L2 ({wtol:g}): "
+          f"{'ok' if good else 'FAIL'}")
+    return good
+
+
 def train(a):
-    """bf16 autocast, torch.compile, AdamW; not yet run on a GPU."""
+    """bf16 autocast, torch.compile; AdamW, or --optimizer muon the speedrun's."""
     from steptime import Meter, summary, to_device
     from gpt_peer import load_windows
     L, H, C, T, V = PRESETS[a.model]
@@ -434,9 +627,12 @@ def train(a):
     for m in model.modules():  # the four embedding tables are bf16, as the reference's
         if isinstance(m, nn.Embedding):
             m.to(torch.bfloat16)
-    # nanograph's AdamW defaults (train --optimizer adamw; the speedrun model decays nothing)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, 0.95), eps=a.eps,
-                            weight_decay=0.0, fused=dev.type == "cuda")
+    if a.optimizer == "muon":  # the speedrun's, Newton-Schulz in bf16 on a GPU
+        opt = SpeedrunOptimizer(model, a.steps, mu_warmup=a.muon_momentum_warmup,
+                                bf16_ns=dev.type == "cuda")
+    else:  # nanograph's AdamW defaults (train --optimizer adamw; nothing decays here)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, 0.95), eps=a.eps,
+                                weight_decay=0.0, fused=dev.type == "cuda")
     step_fn = torch.compile(model) if dev.type == "cuda" and not a.no_compile else model
     if a.train:
         wins = load_windows(glob.glob(a.train), T)
@@ -456,8 +652,12 @@ def train(a):
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss = step_fn(xy[:, :-1], xy[:, 1:], W, masks)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if a.optimizer == "muon":
+            opt.step(step)
+            model.zero_grad(set_to_none=True)
+        else:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         meter.step(step, a.lr, loss / (a.batch * T), torch.zeros((), device=dev))
     print(summary("speedrun-peer", a.model, a.batch, T, 1, meter, dev), flush=True)
 
@@ -466,6 +666,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true", help="float64 check against our CPU "
                     "reference (tools/spr_ref_dump)")
+    ap.add_argument("--check-train", action="store_true", help="float64 training check "
+                    "against `nanograph train --device cpu --optimizer muon` (--steps)")
+    ap.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
+                    help="training: nanograph's AdamW defaults, or the speedrun's Muon + Adam")
+    ap.add_argument("--muon-momentum-warmup", type=int, default=300,
+                    help="muon: steps of the momentum's rise 0.85 -> 0.95 (300)")
+    ap.add_argument("--verbose", action="store_true", help="--check-train: every tensor")
     ap.add_argument("--model", default=None, choices=sorted(PRESETS),
                     help="default speedrun-tiny with --check, speedrun otherwise")
     ap.add_argument("--layers", type=int, default=None, help="--check: another even L >= 6 "
@@ -490,6 +697,10 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-compile", action="store_true")
     a = ap.parse_args()
+    if a.check_train:
+        a.model = a.model or "speedrun-tiny"
+        a.batch = a.batch or 1
+        return check_train(a)
     if a.check:
         a.model = a.model or "speedrun-tiny"
         a.batch = a.batch or 2
