@@ -6,7 +6,8 @@
  *    --path-order takes the same files in path order (the first column ascends in bytes). On 2
  *    MB of this machine's text, with the nanograph binary of this build;
  *  - tools/speedrun-race report: tokens/s and the times to the two target losses (linear
- *    between checkpoints, validation excluded) from made-up logs of the three runs.
+ *    between checkpoints, validation excluded) from made-up logs of the three runs; with
+ *    repeated (--tag) runs, each kind's mean and range at the checkpoints all runs share.
  */
 #define _XOPEN_SOURCE 700
 #include <criterion/criterion.h>
@@ -158,6 +159,61 @@ Test(race, report_reads_the_three_logs, .timeout = 60)
 		"nanograph GPT-2 d12: 65536 tok/s",
 		"reaches 4.5000 (the GPT-2 run's final): at 4.0 s",
 		"reaches 3.0000 (the reference's final): not in this run",
+	};
+	const char *at = r;
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		const char *p = strstr(at, want[i]);
+		cr_expect(p != NULL, "no '%s' (in order) in the report:\n%s", want[i], r);
+		if (p)
+			at = p + strlen(want[i]);
+	}
+	free(r);
+}
+
+/* Two runs of the reference (ref.log, ref-b.log) and two of ours (ours.jsonl, ours-s2.jsonl):
+ * the report gives, at the checkpoints all four share, each kind's mean and range, the
+ * difference of the means and the reference's own range, and the ratio of the mean tok/s. */
+Test(race, report_summarises_repeated_runs, .timeout = 60)
+{
+	if (access("tools/speedrun-race", X_OK) != 0)
+		cr_skip_test("tools/speedrun-race not here: run from the source root");
+	if (system("python3 -c pass >/dev/null 2>&1") != 0)
+		cr_skip_test("no python3");
+	ng_test_dir_make("ng_race_");
+	char dir[512];
+	snprintf(dir, sizeof(dir), "%s/out", ng_test_dir);
+	cr_assert(mkdir(dir, 0700) == 0);
+	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
+		       "step:2/4 val_loss:5.0000 train_time:2000ms step_avg:1000.00ms\n"
+		       "step:4/4 train_time:4000ms step_avg:1000.00ms\n"
+		       "step:4/4 val_loss:3.0000 train_time:4000ms step_avg:1000.00ms\n");
+	put("ref-b.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
+			 "step:2/4 val_loss:5.1000 train_time:2000ms step_avg:1000.00ms\n"
+			 "step:4/4 train_time:2000ms step_avg:500.00ms\n"
+			 "step:4/4 val_loss:3.1000 train_time:2000ms step_avg:500.00ms\n");
+	put("ours.jsonl", "{\"step\":1,\"loss\":9,\"ms\":500}\n{\"step\":2,\"loss\":8,\"ms\":500}\n"
+			  "{\"step\":2,\"val_loss\":4.0}\n{\"step\":3,\"loss\":7,\"ms\":500}\n"
+			  "{\"step\":4,\"loss\":6,\"ms\":500}\n{\"step\":4,\"val_loss\":2.5}\n");
+	put("ours-s2.jsonl", "{\"step\":1,\"loss\":9,\"ms\":500}\n{\"step\":2,\"loss\":8,"
+			     "\"ms\":500}\n{\"step\":2,\"val_loss\":4.2}\n{\"step\":3,\"loss\":7,"
+			     "\"ms\":500}\n{\"step\":4,\"loss\":6,\"ms\":500}\n"
+			     "{\"step\":4,\"val_loss\":2.7}\n");
+	char cmd[2048], log[512];
+	snprintf(log, sizeof(log), "%s/report.txt", ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/speedrun-race report >'%s' 2>&1", dir,
+		 log);
+	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
+	size_t n;
+	char *r = read_text(log, &n);
+	/* tok/s: the reference's runs 49152 and 98304 (4 steps in 4 s and in 2 s), ours 98304 */
+	const char *want[] = {
+		"reference (PyTorch + Triton) [b]: 98304 tok/s",
+		"nanograph speedrun [s2]: 98304 tok/s",
+		"repeated runs: 2 of the reference, 2 of ours",
+		"2  5.0500 [5.0000, 5.1000]   4.1000 [4.0000, 4.2000]   -0.9500",
+		"4  3.0500 [3.0000, 3.1000]   2.6000 [2.5000, 2.7000]   -0.4500",
+		"ours - reference, means: -0.9500 to -0.4500; the reference's own range up to 0.1000",
+		"tok/s, means: ours 98304, the reference 73728: 1.333x",
 	};
 	const char *at = r;
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
