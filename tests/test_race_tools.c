@@ -114,6 +114,30 @@ static void put(const char *name, const char *text)
 	fclose(f);
 }
 
+/* `tools/speedrun-race report` over the logs in dir: its output. */
+static char *report(const char *dir)
+{
+	char cmd[2048], log[512];
+	snprintf(log, sizeof(log), "%s/report.txt", ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/speedrun-race report >'%s' 2>&1", dir,
+		 log);
+	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
+	size_t n;
+	return read_text(log, &n);
+}
+
+/* Each of want[0..n) in r, in that order. */
+static void expect_in_order(const char *r, const char *const *want, size_t n)
+{
+	const char *at = r;
+	for (size_t i = 0; i < n; i++) {
+		const char *p = strstr(at, want[i]);
+		cr_expect(p != NULL, "no '%s' (in order) in the report:\n%s", want[i], r);
+		if (p)
+			at = p + strlen(want[i]);
+	}
+}
+
 Test(race, report_reads_the_three_logs, .timeout = 60)
 {
 	if (access("tools/speedrun-race", X_OK) != 0)
@@ -138,13 +162,7 @@ Test(race, report_reads_the_three_logs, .timeout = 60)
 	put("gpt2.jsonl", "{\"step\":1,\"loss\":9,\"ms\":1000}\n{\"step\":2,\"loss\":8,\"ms\":1000}\n"
 			  "{\"step\":2,\"val_loss\":6.0}\n{\"step\":3,\"loss\":7,\"ms\":1000}\n"
 			  "{\"step\":4,\"loss\":6,\"ms\":1000}\n{\"step\":4,\"val_loss\":4.5}\n");
-	char cmd[2048], log[512];
-	snprintf(log, sizeof(log), "%s/report.txt", ng_test_dir);
-	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/speedrun-race report >'%s' 2>&1", dir,
-		 log);
-	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
-	size_t n;
-	char *r = read_text(log, &n);
+	char *r = report(dir);
 	/* tok/s: the reference 49152 x 4 steps / 4 s; ours and gpt2 over the steps after the
 	 * first; the GPT-2 final 4.5: the reference between 5.0 at 2 s and 3.0 at 4 s, ours
 	 * already at its first checkpoint; the reference's final 3.0: ours between 4.0 at 1 s and
@@ -160,13 +178,7 @@ Test(race, report_reads_the_three_logs, .timeout = 60)
 		"reaches 4.5000 (the GPT-2 run's final): at 4.0 s",
 		"reaches 3.0000 (the reference's final): not in this run",
 	};
-	const char *at = r;
-	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-		const char *p = strstr(at, want[i]);
-		cr_expect(p != NULL, "no '%s' (in order) in the report:\n%s", want[i], r);
-		if (p)
-			at = p + strlen(want[i]);
-	}
+	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
 	free(r);
 }
 
@@ -198,13 +210,7 @@ Test(race, report_summarises_repeated_runs, .timeout = 60)
 			     "\"ms\":500}\n{\"step\":2,\"val_loss\":4.2}\n{\"step\":3,\"loss\":7,"
 			     "\"ms\":500}\n{\"step\":4,\"loss\":6,\"ms\":500}\n"
 			     "{\"step\":4,\"val_loss\":2.7}\n");
-	char cmd[2048], log[512];
-	snprintf(log, sizeof(log), "%s/report.txt", ng_test_dir);
-	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/speedrun-race report >'%s' 2>&1", dir,
-		 log);
-	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
-	size_t n;
-	char *r = read_text(log, &n);
+	char *r = report(dir);
 	/* tok/s: the reference's runs 49152 and 98304 (4 steps in 4 s and in 2 s), ours 98304 */
 	const char *want[] = {
 		"reference (PyTorch + Triton) [b]: 98304 tok/s",
@@ -215,12 +221,6 @@ Test(race, report_summarises_repeated_runs, .timeout = 60)
 		"ours - reference, means: -0.9500 to -0.4500; the reference's own range up to 0.1000",
 		"tok/s, means: ours 98304, the reference 73728: 1.333x",
 	};
-	const char *at = r;
-	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-		const char *p = strstr(at, want[i]);
-		cr_expect(p != NULL, "no '%s' (in order) in the report:\n%s", want[i], r);
-		if (p)
-			at = p + strlen(want[i]);
-	}
+	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
 	free(r);
 }
