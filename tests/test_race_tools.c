@@ -182,9 +182,10 @@ Test(race, report_reads_the_three_logs, .timeout = 60)
 	free(r);
 }
 
-/* Two runs of the reference (ref.log, ref-b.log) and two of ours (ours.jsonl, ours-s2.jsonl):
- * the report gives, at the checkpoints all four share, each kind's mean and range, the
- * difference of the means and the reference's own range, and the ratio of the mean tok/s. */
+/* Two runs of the reference (ref.log, ref-b.log), two of ours (ours.jsonl, ours-s2.jsonl) and
+ * one of the PyTorch peer (peer.jsonl, its first window untimed: NaN): the report gives, at the
+ * checkpoints all five share, each kind's mean and range, the difference of each mean from the
+ * reference's and the reference's own range, and the ratios of the mean tok/s. */
 Test(race, report_summarises_repeated_runs, .timeout = 60)
 {
 	if (access("tools/speedrun-race", X_OK) != 0)
@@ -210,16 +211,28 @@ Test(race, report_summarises_repeated_runs, .timeout = 60)
 			     "\"ms\":500}\n{\"step\":2,\"val_loss\":4.2}\n{\"step\":3,\"loss\":7,"
 			     "\"ms\":500}\n{\"step\":4,\"loss\":6,\"ms\":500}\n"
 			     "{\"step\":4,\"val_loss\":2.7}\n");
+	put("peer.jsonl", "{\"step\": 1, \"loss\": 9, \"ms\": NaN}\n{\"step\": 2, \"loss\": 8, "
+			  "\"ms\": 250}\n{\"step\": 2, \"val_loss\": 4.1}\n{\"step\": 3, \"loss\": 7, "
+			  "\"ms\": 250}\n{\"step\": 4, \"loss\": 6, \"ms\": 250}\n"
+			  "{\"step\": 4, \"val_loss\": 2.4}\n");
 	char *r = report(dir);
-	/* tok/s: the reference's runs 49152 and 98304 (4 steps in 4 s and in 2 s), ours 98304 */
+	/* tok/s: the reference's runs 49152 and 98304 (4 steps in 4 s and in 2 s), ours 98304,
+	 * the peer 196608 over the steps after its untimed first one */
 	const char *want[] = {
 		"reference (PyTorch + Triton) [b]: 98304 tok/s",
 		"nanograph speedrun [s2]: 98304 tok/s",
-		"repeated runs: 2 of the reference, 2 of ours",
-		"2  5.0500 [5.0000, 5.1000]   4.1000 [4.0000, 4.2000]   -0.9500",
-		"4  3.0500 [3.0000, 3.1000]   2.6000 [2.5000, 2.7000]   -0.4500",
-		"ours - reference, means: -0.9500 to -0.4500; the reference's own range up to 0.1000",
-		"tok/s, means: ours 98304, the reference 73728: 1.333x",
+		"PyTorch peer: 196608 tok/s",
+		"step     2       0.2 s  val loss 4.1000", /* the untimed first step left out */
+		"validation at the shared checkpoints, reference 2 runs, ours 2 runs, peer 1 run",
+		"step     2  5.0500 [5.0000, 5.1000]   4.1000 [4.0000, 4.2000]   4.1000 [4.1000, 4.1000]",
+		"-0.9500", "-0.9500",
+		"step     4  3.0500 [3.0000, 3.1000]   2.6000 [2.5000, 2.7000]   2.4000 [2.4000, 2.4000]",
+		"-0.4500", "-0.6500",
+		"ours - reference, means: -0.9500 to -0.4500",
+		"peer - reference, means: -0.9500 to -0.6500",
+		"the reference's own range: up to 0.1000",
+		"tok/s, means: ours 98304, reference 73728: 1.333x",
+		"tok/s, means: peer 196608, reference 73728: 2.667x",
 	};
 	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
 	free(r);

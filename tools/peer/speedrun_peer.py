@@ -96,6 +96,28 @@ def block_window(L, l, W):
     return max(1, W if long_window(L, l) else W // 2) * WINDOW_BLOCK
 
 
+def window_blocks(step, steps):
+    """The window in 128-token blocks at 0-based step `step` of `steps`: max(1, ceil(13.5 step /
+    steps)), in integers (graph/step_spr.h ng_spr_window_blocks)."""
+    return max(1, (27 * step + 2 * steps - 1) // (2 * steps)) if steps > 0 else 1
+
+
+@torch.no_grad()
+def validate(model, step_fn, wins, W, dev):
+    """The mean loss over the validation windows (one sequence at a time) at window W, the
+    head exact (the reference validates without its FP8 head)."""
+    from steptime import to_device
+    fp8, model.head_fp8 = model.head_fp8, False
+    total = 0.0
+    for w in wins:
+        xy = to_device(np.asarray(w)[None], dev)
+        masks = model.masks(xy[:, :-1], W)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            total += float(step_fn(xy[:, :-1], xy[:, 1:], W, masks)) / (xy.size(1) - 1)
+    model.head_fp8 = fp8
+    return total / len(wins)
+
+
 def layout(L, C, Vp):
     """graph/gpt.h's flat layout for the speedrun family, in enum ng_param_id order (the GPT-2
     tensors it lacks take no space): {name: (shape, offset)} and the total."""
@@ -563,13 +585,17 @@ def check_train_once(a, eps, wtol):
             f.write(np.array([20240520, 1, n] + [0] * 253, dtype=np.int32).tobytes())
             f.write(tok.astype(np.uint16).tobytes())
         metrics, out = os.path.join(d, "m.jsonl"), os.path.join(d, "ck")
+        NV, every = 2, max(1, N // 2)  # validations on the first NV windows of the shard
         cmd = [exe, "train", "--device", "cpu", "--model", a.model, "--seq-len", str(T),
                "--batch", str(B), "--optimizer", "muon", "--steps", str(N), "--seed",
                str(a.seed), "--train", shard, "--no-shuffle", "--metrics", metrics, "--out", out,
                "--ckpt-every", str(N), "--muon-momentum-warmup", str(a.muon_momentum_warmup),
-               "--adam-eps", str(eps)]
+               "--adam-eps", str(eps), "--val", shard, "--val-every", str(every),
+               "--val-batches", str(NV // B)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        ours = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l]
+        recs = [json.loads(l) for l in open(metrics)]
+        ours = [r["loss"] for r in recs if "loss" in r]
+        ours_val = {r["step"]: r["val_loss"] for r in recs if "val_loss" in r}
         final = read_safetensors(os.path.join(out, "model_%08d.safetensors" % N))
         model = SpeedrunGPT(L, H, C, T, V, Vp).double()
         load_flat(model, np.fromfile(init, dtype=np.float32))
@@ -579,9 +605,9 @@ def check_train_once(a, eps, wtol):
                                 betas=(f32(0.8), f32(0.95)), eps=f32(eps), cooldown=f32(0.4),
                                 final=f32(0.1))
         wins = load_windows([shard], T)
-        worst = 0.0
+        worst, vworst, nval = 0.0, 0.0, 0
         for step in range(N):
-            W = max(1, (27 * step + 2 * N - 1) // (2 * N))  # ceil(13.5 step / N)
+            W = window_blocks(step, N)
             xy = torch.from_numpy(np.stack(wins[step * B:(step + 1) * B]).astype(np.int64))
             loss = model(xy[:, :-1], xy[:, 1:], W)
             loss.backward()
@@ -593,6 +619,15 @@ def check_train_once(a, eps, wtol):
             if a.verbose:
                 print(f"check-train: eps {eps:g} step {step + 1} W {W} loss ours "
                       f"{ours[step]:.6f} peer {mean:.9f} rel diff {rel:.2e}")
+            if (step + 1) % every == 0 or step + 1 == N:  # ours' validations (train.c)
+                v = validate(model, model, wins[:NV], window_blocks(step + 1, N),
+                             torch.device("cpu"))
+                vrel = abs(ours_val.get(step + 1, float("nan")) - v) / v
+                vworst = max(vworst, vrel) if vrel == vrel else float("inf")
+                nval += 1
+                if a.verbose:
+                    print(f"check-train: eps {eps:g} validation after step {step + 1} ours "
+                          f"{ours_val.get(step + 1)} peer {v:.9f} rel diff {vrel:.2e}")
         werr = 0.0
         for name, p in named_tensors(model).items():
             got = final[name].double().reshape(-1)
@@ -603,10 +638,10 @@ def check_train_once(a, eps, wtol):
             if a.verbose:
                 print(f"check-train: {name:18s} {tuple(p.shape)} rel L2 {err:.2e}, largest "
                       f"|ours - peer| / max |peer| {big:.2e}")
-    good = len(ours) == N and worst < 1e-5 and werr < wtol
-    print(f"check-train: Adam eps {eps:g}, {N} steps: losses within {worst:.2e} (6 printed "
-          f"digits: 1e-5), weights within {werr:.2e} relative L2 ({wtol:g}): "
-          f"{'ok' if good else 'FAIL'}")
+    good = len(ours) == N and worst < 1e-5 and vworst < 1e-5 and werr < wtol
+    print(f"check-train: Adam eps {eps:g}, {N} steps: losses within {worst:.2e}, {nval} "
+          f"validations within {vworst:.2e} (6 printed digits: 1e-5), weights within "
+          f"{werr:.2e} relative L2 ({wtol:g}): {'ok' if good else 'FAIL'}")
     return good
 
 
@@ -618,14 +653,14 @@ def train(a):
     T = a.seq or T
     Vp = padded_vocab(V)
     dev = torch.device(a.device)
-    model = SpeedrunGPT(L, H, C, T, V, Vp)
+    model = SpeedrunGPT(L, H, C, T, V, Vp, head_fp8=a.head_fp8)
     _, total = layout(L, C, Vp)
     flat = np.fromfile(a.init, dtype=np.float32) if a.init else \
         np.random.default_rng(a.seed).standard_normal(total).astype(np.float32) * 0.02
     load_flat(model, flat)
     model.to(dev)
-    for m in model.modules():  # the four embedding tables are bf16, as the reference's
-        if isinstance(m, nn.Embedding):
+    for m in model.modules():  # the four embedding tables are bf16, as the reference's (on a
+        if isinstance(m, nn.Embedding) and dev.type == "cuda":  # GPU, under autocast)
             m.to(torch.bfloat16)
     if a.optimizer == "muon":  # the speedrun's, Newton-Schulz in bf16 on a GPU
         opt = SpeedrunOptimizer(model, a.steps, mu_warmup=a.muon_momentum_warmup,
@@ -638,10 +673,23 @@ def train(a):
         wins = load_windows(glob.glob(a.train), T)
         assert len(wins) >= a.batch, "fewer windows than one batch"
     rng = np.random.default_rng(a.seed)
-    meter = Meter("speedrun-peer", a.steps, a.batch * T,
-                  open(a.metrics, "w") if a.metrics else None)
+    metrics = open(a.metrics, "w") if a.metrics else None
+    meter = Meter("speedrun-peer", a.steps, a.batch * T, metrics)
+    vwins = load_windows(glob.glob(a.val), T)[:max(1, a.val_tokens // T)] if a.val else []
+
+    def val_at(done):
+        """The validation after `done` steps, at the window of step `done`, its time left out
+        of the step times."""
+        meter.flush()
+        v = validate(model, step_fn, vwins, window_blocks(done, a.steps), dev)
+        meter.restart_clock()
+        print(f"step {done} | val loss {v:.4f}", flush=True)
+        if metrics:
+            metrics.write(json.dumps({"step": done, "val_loss": v}) + "\n")
+            metrics.flush()
+
     for step in range(a.steps):
-        W = max(1, math.ceil(13.5 * step / a.steps))
+        W = window_blocks(step, a.steps)
         if a.train:
             first = step * a.batch % (len(wins) - a.batch + 1)
             tokens = np.stack(wins[first:first + a.batch])
@@ -658,7 +706,10 @@ def train(a):
         else:
             opt.step()
             opt.zero_grad(set_to_none=True)
-        meter.step(step, a.lr, loss / (a.batch * T), torch.zeros((), device=dev))
+        lr = opt.muon_lr * opt.lr_factor(step) if a.optimizer == "muon" else a.lr
+        meter.step(step, lr, loss / (a.batch * T), torch.zeros((), device=dev))
+        if vwins and ((step + 1) % a.val_every == 0 or step + 1 == a.steps):
+            val_at(step + 1)
     print(summary("speedrun-peer", a.model, a.batch, T, 1, meter, dev), flush=True)
 
 
@@ -673,6 +724,13 @@ def main():
     ap.add_argument("--muon-momentum-warmup", type=int, default=300,
                     help="muon: steps of the momentum's rise 0.85 -> 0.95 (300)")
     ap.add_argument("--verbose", action="store_true", help="--check-train: every tensor")
+    ap.add_argument("--val", help="training: validation shard glob")
+    ap.add_argument("--val-every", type=int, default=125, help="training: validate every N "
+                    "steps and at the end (125)")
+    ap.add_argument("--val-tokens", type=int, default=10485760, help="training: validate on "
+                    "the first N // seq sequences of the val shards (10485760, the reference's)")
+    ap.add_argument("--head-fp8", action="store_true", help="training: the reference's FP8 "
+                    "head (simulated: E4M3 forward, E5M2 gradient, its fixed scales)")
     ap.add_argument("--model", default=None, choices=sorted(PRESETS),
                     help="default speedrun-tiny with --check, speedrun otherwise")
     ap.add_argument("--layers", type=int, default=None, help="--check: another even L >= 6 "

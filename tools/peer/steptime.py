@@ -52,6 +52,18 @@ class Meter:
         self.pending.append((step, lr, loss.detach(), norm.detach()))
         if (step + 1) % WINDOW and step != self.steps - 1:
             return
+        self._write(step)
+
+    def flush(self):
+        """Read back, time and write the records of a window cut short (before a validation)."""
+        if self.pending:
+            self._write(self.pending[-1][0])
+
+    def restart_clock(self):
+        """The next records' time counts from now (after a validation)."""
+        self.t_last = time.perf_counter()
+
+    def _write(self, step):
         vals = torch.stack([torch.stack([l.float(), n.float()])
                             for _, _, l, n in self.pending]).tolist()
         t = time.perf_counter()
