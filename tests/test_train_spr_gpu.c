@@ -425,7 +425,8 @@ Test(train_spr_gpu, eval_takes_the_given_window)
 					  (unsigned long long)seed);
 	double widest;
 	cr_assert_eq(ng_exec_evaluate(&e, tok, 0, &widest), NG_OK, "%s", ng_error_message());
-	cr_expect(widest == got[2], "window 0 gives %.8f, the widest %.8f", widest, got[2]);
+	cr_expect(fabs(widest - got[2]) <= 1e-6 * got[2], "window 0 gives %.8f, the widest %.8f",
+		  widest, got[2]); /* the same graph again: equal but for the loss sum's order */
 	ng_cpu_spr_free(&m);
 	free(p0), free(zero), free(tok), free(in), free(tg);
 	ng_exec_free(&e);
