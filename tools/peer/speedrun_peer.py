@@ -229,25 +229,29 @@ def e5m2(x):
 class FP8Head(torch.autograd.Function):
     """The reference's FP8 head, simulated in the input's dtype: x8 = e4m3(x / xs), w8 =
     e4m3(w / ws), z = (x8 @ w8^T) xs ws; backward g8 = e5m2(dz / gs), dx = (g8 @ w8) gs ws,
-    dw = (g8^T @ x8) gs xs (graph/cpu_spr.h)."""
+    dw = (g8^T @ x8) gs xs (graph/cpu_spr.h). Every E4M3 and E5M2 value is exact in bf16, so
+    under autocast the products take bf16 operands; dw accumulates in at least fp32 (the
+    reference's FP8 GEMM writes it in fp32) and comes back in w's dtype."""
 
     @staticmethod
     def forward(ctx, x, w, xs, ws, gs):
         x8 = e4m3(x / xs)
-        w8 = e4m3(w / ws)
+        w8 = e4m3(w / ws).to(x8.dtype)
         ctx.save_for_backward(x8, w8)
-        ctx.scales = (xs, ws, gs)
+        ctx.scales, ctx.dtypes = (xs, ws, gs), (x.dtype, w.dtype)
         return (x8 @ w8.t()) * (xs * ws)
 
     @staticmethod
     def backward(ctx, dz):
         x8, w8 = ctx.saved_tensors
         xs, ws, gs = ctx.scales
+        x_dt, w_dt = ctx.dtypes
         g8 = e5m2(dz / gs)
+        acc = torch.promote_types(g8.dtype, torch.float32)
         g2 = g8.reshape(-1, g8.size(-1))
-        dx = (g8 @ w8) * (gs * ws)
-        dw = (g2.t() @ x8.reshape(-1, x8.size(-1))) * (gs * xs)
-        return dx, dw, None, None, None
+        dx = ((g8 @ w8.to(g8.dtype)) * (gs * ws)).to(x_dt)
+        dw = (g2.t().to(acc) @ x8.reshape(-1, x8.size(-1)).to(acc)) * (gs * xs)
+        return dx, dw.to(w_dt), None, None, None
 
 
 class SpeedrunGPT(nn.Module):
