@@ -33,7 +33,7 @@ Modes:
            final weights compared (check_train says how). Measured on speedrun-tiny, 30 steps
            with --muon-momentum-warmup 10 (window 1 -> 14, the momentum past its cap, the
            cooldown): losses within 8e-7 (ours printed to 6 digits), weights within 5e-8
-           relative L2 (float32 storage); ~45 s.
+           relative L2 (float32 storage); ~45 s. 300 steps: losses within 9.5e-7.
              python3 tools/peer/speedrun_peer.py --check-train --steps 30 \
                  --muon-momentum-warmup 10 [--seed N] [--build build]
   training on a GPU: bf16 autocast, torch.compile, AdamW or --optimizer muon (the speedrun's:
@@ -558,14 +558,15 @@ def check_train(a):
     """float64 on the CPU: a.steps steps of the whole recipe (model, Muon and Adam, the lr,
     momentum and window schedules) from export_init's weights on one shard of random tokens,
     here and in `nanograph train --device cpu --optimizer muon` (our double-precision
-    reference, whose constants are float32: these are too); every step's loss must agree to the
-    6 digits ours prints, and the weights after the last step to float32 storage: relative L2
-    1e-6 with Adam's eps 1e-3, 1e-5 with the recipe's 1e-10, under which an element whose
-    gradient is a few 1e-10 (a near cancellation, computed to a few digits) can take a
-    sign-like full step either way (with the constants as exact decimals here, one seed's
-    weights drift to 1e-5 in 12 steps so)."""
+    reference, whose constants are float32: these are too); every step's loss and every
+    validation must agree to the 6 digits ours prints. Twice: with Adam's eps 1e-3 the weights
+    after the last step must agree to float32 storage (relative L2 1e-6); with the recipe's
+    1e-10 they are reported, not judged: an element whose gradient is a few 1e-10 (a near
+    cancellation, computed to a few digits) takes a sign-like full step either way, and the
+    weights drift apart while the losses still agree (seed 1, 300 steps: weights 1.5e-4,
+    losses 9.5e-7)."""
     good = True
-    for eps, wtol in ((1e-3, 1e-6), (1e-10, 1e-5)):
+    for eps, wtol in ((1e-3, 1e-6), (1e-10, None)):
         good &= check_train_once(a, eps, wtol)
     print(f"check-train: {'PASS' if good else 'FAIL'}")
     return 0 if good else 1
@@ -642,10 +643,11 @@ def check_train_once(a, eps, wtol):
             if a.verbose:
                 print(f"check-train: {name:18s} {tuple(p.shape)} rel L2 {err:.2e}, largest "
                       f"|ours - peer| / max |peer| {big:.2e}")
-    good = len(ours) == N and worst < 1e-5 and vworst < 1e-5 and werr < wtol
+    good = len(ours) == N and worst < 1e-5 and vworst < 1e-5 and (wtol is None or werr < wtol)
     print(f"check-train: Adam eps {eps:g}, {N} steps: losses within {worst:.2e}, {nval} "
           f"validations within {vworst:.2e} (6 printed digits: 1e-5), weights within "
-          f"{werr:.2e} relative L2 ({wtol:g}): {'ok' if good else 'FAIL'}")
+          f"{werr:.2e} relative L2 ({'%g' % wtol if wtol else 'not judged'}): "
+          f"{'ok' if good else 'FAIL'}")
     return good
 
 
