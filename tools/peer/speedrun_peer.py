@@ -37,8 +37,10 @@ Modes:
              python3 tools/peer/speedrun_peer.py --check-train --steps 30 \
                  --muon-momentum-warmup 10 [--seed N] [--build build]
   training on a GPU: bf16 autocast, torch.compile, AdamW or --optimizer muon (the speedrun's:
-           Newton-Schulz in bf16), the exact head in bf16 (no FP8), window ramp
-           W = max(1, ceil(13.5 step / steps)):
+           Newton-Schulz in bf16), the exact head in bf16 or --head-fp8 the reference's FP8 head
+           simulated, window ramp W = max(1, ceil(13.5 step / steps)); --val GLOB validates
+           every --val-every steps at the step's window, as the reference does
+           (tools/speedrun-race peer runs it beside ours and the reference):
              python3 tools/peer/speedrun_peer.py --model speedrun --init init.bin \
                  --train 'shards/train_*.bin' --steps 100 [--optimizer muon]
            (init.bin from build/tools/export_init speedrun SEED init.bin; --optimizer muon has
