@@ -11,7 +11,9 @@
 # w2_mpi: the same run launched by mpirun; w2_slurm: srun's environment by hand; w2_resume: 2 GPUs, --deterministic, 40 steps straight
 # against 20 steps + checkpoint + --resume to 40, losses compared bit for bit; w2_resume_zero1: the
 # same with --zero1; w2_signal: SIGTERM to one rank of a ZeRO-1 run, both stop at one step, resume;
-# w2_fp8: 2 GPUs with --fp8 --zero1).
+# w2_fp8: 2 GPUs with --fp8 --zero1; muon: d12 with --optimizer muon, 1 GPU K=2 against 2 GPUs,
+# whose ranks divide the Newton-Schulz work and all-gather it; spr: the speedrun model, one
+# sequence of 49,152 tokens a rank, the same two ways).
 set -uo pipefail
 steps=${1:-60}
 run_limit=${RUN_LIMIT:-300} # seconds a two-rank run may take: a hang is reported, not waited out
@@ -63,6 +65,24 @@ want w2 && two_ranks w2
 want w2_zero1 && two_ranks w2_zero1 --zero1
 want w2_nooverlap && two_ranks w2_nooverlap --no-overlap
 want w2_fp8 && two_ranks w2_fp8 --fp8 --zero1
+
+# Muon with ranks: each orthogonalises its share of every group's matrices and the results are
+# all-gathered inside the graph; the same tokens a step on 1 GPU (K=2) give the reference run
+if want muon; then
+  $ng train "${common[@]}" --optimizer muon --total-batch $((64 * 2 * 1024)) --world 1 \
+    --metrics "$out/w1_k2_muon.jsonl" >"$out/w1_k2_muon.log" 2>&1 ||
+    echo "w1_k2_muon failed (rc $?)" | tee -a "$out/summary.txt"
+  two_ranks w2_muon --optimizer muon
+fi
+if want spr; then
+  rc_common=("${common[@]}")
+  common=(--model speedrun --steps "$steps" --seed 1337 --val-batches 0 --log-every 10)
+  $ng train "${common[@]}" --total-batch $((2 * 49152)) --world 1 \
+    --metrics "$out/w1_k2_spr.jsonl" >"$out/w1_k2_spr.log" 2>&1 ||
+    echo "w1_k2_spr failed (rc $?)" | tee -a "$out/summary.txt"
+  two_ranks w2_spr
+  common=("${rc_common[@]}")
+fi
 
 # throughput baseline: 1 GPU, B=64, plain path
 want w0 && { $ng train "${common[@]}" --metrics "$out/w0.jsonl" >"$out/w0.log" 2>&1 || echo "w0 failed" | tee -a "$out/summary.txt"; }
@@ -155,16 +175,23 @@ def mean_tok(r):
     v = [x["tok_per_s"] for s, x in r.items() if s > 5]
     return sum(v) / len(v) if v else float("nan")
 print("runs: w1_k2 = 1 GPU B=64 K=2 --world 1 | w2 = 2 GPUs B=64 | w2_zero1 = + --zero1 | w0 = 1 GPU B=64 K=1")
-for n in ("w1_k2", "w2", "w2_zero1", "w2_nooverlap", "w2_mpi", "w2_fp8", "w0"):
+# each two-rank run against the one-GPU run of the same recipe and tokens a step
+refs = {"w2_muon": load("w1_k2_muon"), "w2_spr": load("w1_k2_spr")}
+for n in ("w1_k2", "w2", "w2_zero1", "w2_nooverlap", "w2_mpi", "w2_fp8", "w1_k2_muon", "w2_muon",
+          "w1_k2_spr", "w2_spr", "w0"):
     r = load(n)
     if not r:
         print(f"{n}: no metrics"); continue
     last = max(r)
     line = f"{n}: steps {len(r)} loss {r[1]['loss']:.4f} -> {r[last]['loss']:.4f} | mean tok/s (steps>5) {mean_tok(r):.0f}"
-    if n.startswith("w2") and ref:
-        d = [abs(r[s]["loss"] - ref[s]["loss"]) for s in r if s in ref]
-        dn = [abs(r[s]["grad_norm"] - ref[s]["grad_norm"]) / ref[s]["grad_norm"] for s in r if s in ref]
-        line += f" | vs w1_k2: mean |dloss| {sum(d)/len(d):.5f} max {max(d):.5f} (last {d[-1]:.5f}), max rel dnorm {max(dn):.4f}"
+    against = refs.get(n, ref)
+    if n.startswith("w2") and against:
+        d = [abs(r[s]["loss"] - against[s]["loss"]) for s in r if s in against]
+        dn = [abs(r[s]["grad_norm"] - against[s]["grad_norm"]) / against[s]["grad_norm"]
+              for s in r if s in against and against[s]["grad_norm"]]
+        line += (f" | vs {'w1_k2' + n[2:] if n in refs else 'w1_k2'}: mean |dloss| "
+                 f"{sum(d)/len(d):.5f} max {max(d):.5f} (last {d[-1]:.5f}), max rel dnorm "
+                 f"{max(dn, default=float('nan')):.4f}")
     print(line)
 for n in ("w2", "w2_nooverlap", "w2_zero1", "w2_mpi", "w2_fp8"):
     if base and load(n):
