@@ -7,8 +7,9 @@
  * straight equal 3 + --resume + 3 bit for bit (losses, state file) under Muon and AdamW;
  * `--init` starts from its file and refuses another model's; `eval --device cpu` equals the
  * reference's mean loss at the widest window (at W blocks with --window W), a validation during
- * training at the window of its step; `sample` reads and decodes it (a GPU test). Fresh random
- * values every run (seed printed).
+ * training at the window of its step; `sample` reads and decodes it (a GPU test); with PyTorch
+ * present, the whole recipe trains as tools/peer/speedrun_peer.py's float64 implementation of
+ * it does (--check-train). Fresh random values every run (seed printed).
  * Losses read from a metrics file carry 6 significant digits (%.6g): they are compared with
  * the reference to 2e-6 relative, and a window test asks the other window to miss by 10x that.
  */
@@ -631,4 +632,34 @@ Test(spr_cpu, sample_reads_a_speedrun_model)
 	ng_clear_error();
 	cr_expect_eq(ng_cmd_sample(5, argv), NG_OK, "%s", ng_error_message());
 	free(p);
+}
+
+/* The whole recipe against an independent implementation of its text: `speedrun_peer.py
+ * --check-train` (float64 PyTorch on the CPU: Muon, Adam's groups, the lr, momentum and window
+ * schedules, the validations) beside `train --device cpu` of this build, 6 steps with the
+ * momentum warm-up over 3 (the window 1 -> 12 blocks, the cooldown). Needs PyTorch; run from
+ * the source root. */
+Test(spr_cpu, recipe_matches_the_pytorch_peer, .timeout = 600)
+{
+	if (access("tools/peer/speedrun_peer.py", R_OK) != 0)
+		cr_skip_test("tools/peer/speedrun_peer.py not here: run from the source root");
+	if (system("python3 -c 'import numpy, torch' >/dev/null 2>&1") != 0)
+		cr_skip_test("needs PyTorch and numpy (python3 -c 'import numpy, torch')");
+	char exe[4096];
+	ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	cr_assert(len > 0);
+	exe[len] = '\0';
+	*strrchr(exe, '/') = '\0'; /* <build>/tests */
+	*strrchr(exe, '/') = '\0'; /* <build> */
+	ng_test_dir_make("ng_spr_test_");
+	char cmd[8192], log[512];
+	snprintf(log, sizeof(log), "%s/check.txt", ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "python3 tools/peer/speedrun_peer.py --check-train --steps 6 "
+		 "--muon-momentum-warmup 3 --seed %llu --build '%s' >'%s' 2>&1",
+		 (unsigned long long)(seed_now() % 100000), exe, log);
+	int rc = system(cmd);
+	size_t n;
+	char *out = read_text(log, &n);
+	cr_expect(rc == 0 && strstr(out, "check-train: PASS"), "%s\n%s", cmd, out);
+	free(out);
 }
