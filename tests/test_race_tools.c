@@ -114,6 +114,18 @@ static void put(const char *name, const char *text)
 	fclose(f);
 }
 
+/* A fresh <test dir>/out for the race's logs, in dir; skips without the script or python3. */
+static void race_dir(char *dir, size_t n)
+{
+	if (access("tools/speedrun-race", X_OK) != 0)
+		cr_skip_test("tools/speedrun-race not here: run from the source root");
+	if (system("python3 -c pass >/dev/null 2>&1") != 0)
+		cr_skip_test("no python3");
+	ng_test_dir_make("ng_race_");
+	snprintf(dir, n, "%s/out", ng_test_dir);
+	cr_assert(mkdir(dir, 0700) == 0);
+}
+
 /* `tools/speedrun-race report` over the logs in dir: its output. */
 static char *report(const char *dir)
 {
@@ -140,14 +152,8 @@ static void expect_in_order(const char *r, const char *const *want, size_t n)
 
 Test(race, report_reads_the_three_logs, .timeout = 60)
 {
-	if (access("tools/speedrun-race", X_OK) != 0)
-		cr_skip_test("tools/speedrun-race not here: run from the source root");
-	if (system("python3 -c pass >/dev/null 2>&1") != 0)
-		cr_skip_test("no python3");
-	ng_test_dir_make("ng_race_");
 	char dir[512];
-	snprintf(dir, sizeof(dir), "%s/out", ng_test_dir);
-	cr_assert(mkdir(dir, 0700) == 0);
+	race_dir(dir, sizeof(dir));
 	/* the reference: validations at 0, 2, 4 of 4 steps (2 s a checkpoint) */
 	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
 		       "step:1/4 train_time:1000ms step_avg:1000.00ms\n"
@@ -188,14 +194,8 @@ Test(race, report_reads_the_three_logs, .timeout = 60)
  * reference's and the reference's own range, and the ratios of the mean tok/s. */
 Test(race, report_summarises_repeated_runs, .timeout = 60)
 {
-	if (access("tools/speedrun-race", X_OK) != 0)
-		cr_skip_test("tools/speedrun-race not here: run from the source root");
-	if (system("python3 -c pass >/dev/null 2>&1") != 0)
-		cr_skip_test("no python3");
-	ng_test_dir_make("ng_race_");
 	char dir[512];
-	snprintf(dir, sizeof(dir), "%s/out", ng_test_dir);
-	cr_assert(mkdir(dir, 0700) == 0);
+	race_dir(dir, sizeof(dir));
 	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
 		       "step:2/4 val_loss:5.0000 train_time:2000ms step_avg:1000.00ms\n"
 		       "step:4/4 train_time:4000ms step_avg:1000.00ms\n"
