@@ -11,11 +11,14 @@
  *   idle: 1.79 ms for the twelve (3072, 768) fc matrices of d12, against ~0.06 ms now
  *   (tools/bench_muon, H200).
  * muon_apply_split / adam_speedrun_split: the split fp32 master (kernels/split.h) joined,
- *   updated in fp32, split again, as adamw_split_vec4 in optim.cu.
+ *   updated in fp32, split again, as adamw_split_vec4 in optim.cu; 4 elements a thread in wide
+ *   loads where the pointers allow (Adam of the speedrun's 193M embedding, head and scalar
+ *   parameters: 28 bytes an element, memory-bound).
  */
 #include "kernels/common.cuh"
 
 #include "kernels/muon.h"
+#include "kernels/optim.cuh"
 #include "kernels/split.h"
 
 #define MUON_THREADS 256
@@ -138,40 +141,92 @@ static __global__ void muon_norm_scale_chunked(__nv_bfloat16 *x, const double *p
 	}
 }
 
+static __device__ __forceinline__ float adam_speedrun_elem_(float w, float g, float *m,
+							 float *v, float alpha, float b1, float b2,
+							 float eps)
+{
+	float mk = b1 * *m + (1.0f - b1) * g;
+	float vk = b2 * *v + (1.0f - b2) * g * g;
+	*m = mk;
+	*v = vk;
+	return w - alpha * mk / (sqrtf(vk) + eps);
+}
+
+/* vec: every pointer aligned for 4 elements (8 bytes of hi / lo / x, 16 of m / v / grad), so
+ * one thread takes 4 elements in wide loads; otherwise one element a thread. */
 static __global__ void muon_apply_split(ng_bf16 *hi, uint16_t *lo, const __nv_bfloat16 *x,
 					size_t n, float scale, const struct ng_muon_scalars *sc,
-					const struct ng_step_state *st)
+					const struct ng_step_state *st, int vec)
 {
 	if (st->skipped)
 		return;
-	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t i = vec ? t * 4 : t, e = i + (vec ? 4 : 1);
 	if (i >= n)
 		return;
 	float step = sc->lr * scale;
-	float w = ng_split_decode(hi[i], lo[i]);
-	w -= step * __bfloat162float(x[i]);
-	ng_split_encode(w, &hi[i], &lo[i]);
+	if (vec && e <= n) {
+		ushort4 h = *reinterpret_cast<ushort4 *>(hi + i);
+		ushort4 l = *reinterpret_cast<ushort4 *>(lo + i);
+		uint2 xr = __ldcs(reinterpret_cast<const uint2 *>(x + i));
+		__nv_bfloat162 x01 = *reinterpret_cast<__nv_bfloat162 *>(&xr.x);
+		__nv_bfloat162 x23 = *reinterpret_cast<__nv_bfloat162 *>(&xr.y);
+		float xa[4] = { __low2float(x01), __high2float(x01), __low2float(x23),
+				__high2float(x23) };
+		ng_bf16 ha[4] = { h.x, h.y, h.z, h.w };
+		uint16_t la[4] = { l.x, l.y, l.z, l.w };
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			ng_split_encode(ng_split_decode(ha[k], la[k]) - step * xa[k], &ha[k], &la[k]);
+		*reinterpret_cast<ushort4 *>(hi + i) = make_ushort4(ha[0], ha[1], ha[2], ha[3]);
+		*reinterpret_cast<ushort4 *>(lo + i) = make_ushort4(la[0], la[1], la[2], la[3]);
+		return;
+	}
+	if (e > n)
+		e = n;
+	for (; i < e; i++) {
+		float w = ng_split_decode(hi[i], lo[i]);
+		w -= step * __bfloat162float(x[i]);
+		ng_split_encode(w, &hi[i], &lo[i]);
+	}
 }
 
 static __global__ void adam_speedrun_split(ng_bf16 *hi, uint16_t *lo, float *m, float *v,
 					   const float *grad, size_t n, int group, float b1,
 					   float b2, float eps, const struct ng_muon_scalars *sc,
-					   const struct ng_step_state *st)
+					   const struct ng_step_state *st, int vec)
 {
 	if (st->skipped)
 		return;
-	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t i = vec ? t * 4 : t, e = i + (vec ? 4 : 1);
 	if (i >= n)
 		return;
-	float alpha = sc->adam_alpha[group];
-	float g = grad[i] * st->clip_scale;
-	float mk = b1 * m[i] + (1.0f - b1) * g;
-	float vk = b2 * v[i] + (1.0f - b2) * g * g;
-	m[i] = mk;
-	v[i] = vk;
-	float w = ng_split_decode(hi[i], lo[i]);
-	w -= alpha * mk / (sqrtf(vk) + eps);
-	ng_split_encode(w, &hi[i], &lo[i]);
+	float alpha = sc->adam_alpha[group], gs = st->clip_scale;
+	if (vec && e <= n) {
+		struct ng_adam4 e;
+		ng_adam4_load_(&e, hi + i, lo + i, grad + i, m + i, v + i);
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			float w = adam_speedrun_elem_(ng_split_decode(e.hi[k], e.lo[k]), e.g[k] * gs,
+						      &e.m[k], &e.v[k], alpha, b1, b2, eps);
+			ng_split_encode(w, &e.hi[k], &e.lo[k]);
+		}
+		ng_adam4_store_(&e, hi + i, lo + i, m + i, v + i);
+		return;
+	}
+	if (e > n)
+		e = n;
+	for (; i < e; i++) {
+		float w = adam_speedrun_elem_(ng_split_decode(hi[i], lo[i]), grad[i] * gs, &m[i],
+					      &v[i], alpha, b1, b2, eps);
+		ng_split_encode(w, &hi[i], &lo[i]);
+	}
+}
+
+static int aligned8_(const void *p)
+{
+	return ((uintptr_t)p & 7u) == 0;
 }
 
 static unsigned blocks_for(size_t n, unsigned threads)
@@ -239,8 +294,10 @@ extern "C" enum ng_status ng_muon_apply(ng_bf16 *param_hi, uint16_t *param_lo, c
 {
 	if (n == 0)
 		return ng_check_arg_fail("ng_muon_apply", "n must be > 0");
-	muon_apply_split<<<blocks_for(n, MUON_THREADS), MUON_THREADS, 0, s>>>(
-		param_hi, param_lo, reinterpret_cast<const __nv_bfloat16 *>(x), n, scale, sc, st);
+	int vec = aligned8_(param_hi) && aligned8_(param_lo) && aligned8_(x);
+	muon_apply_split<<<blocks_for(vec ? (n + 3) / 4 : n, MUON_THREADS), MUON_THREADS, 0, s>>>(
+		param_hi, param_lo, reinterpret_cast<const __nv_bfloat16 *>(x), n, scale, sc, st,
+		vec);
 	return NG_LAUNCH_CHECK("muon_apply_split");
 }
 
@@ -251,7 +308,10 @@ extern "C" enum ng_status ng_muon_adam(ng_bf16 *param_hi, uint16_t *param_lo, fl
 {
 	if (n == 0 || group < 0 || group >= NG_MUON_ADAM_GROUPS)
 		return ng_check_arg_fail("ng_muon_adam", "n %zu, group %d", n, group);
-	adam_speedrun_split<<<blocks_for(n, MUON_THREADS), MUON_THREADS, 0, s>>>(
-		param_hi, param_lo, m, v, grad, n, group, beta1, beta2, eps, sc, st);
+	int vec = aligned8_(param_hi) && aligned8_(param_lo) && ng_aligned16_(m) &&
+		  ng_aligned16_(v) && ng_aligned16_(grad);
+	adam_speedrun_split<<<blocks_for(vec ? (n + 3) / 4 : n, MUON_THREADS), MUON_THREADS, 0,
+			      s>>>(param_hi, param_lo, m, v, grad, n, group, beta1, beta2, eps, sc,
+				   st, vec);
 	return NG_LAUNCH_CHECK("adam_speedrun_split");
 }

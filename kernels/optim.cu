@@ -99,25 +99,15 @@ static __global__ void adamw_split_vec4(ng_bf16 *hi, uint16_t *lo, const float *
 		return;
 	struct ng_adamw_scalars a = ng_adamw_scalars_(st, b1, b2);
 	if (i + 4 <= n) {
-		ushort4 h = *reinterpret_cast<ushort4 *>(hi + i);
-		ushort4 l = *reinterpret_cast<ushort4 *>(lo + i);
-		float4 g = __ldcs(reinterpret_cast<const float4 *>(grad + i));
-		float4 mm = *reinterpret_cast<float4 *>(m + i);
-		float4 vv = *reinterpret_cast<float4 *>(v + i);
-		ng_bf16 ha[4] = {h.x, h.y, h.z, h.w};
-		uint16_t la[4] = {l.x, l.y, l.z, l.w};
-		float ga[4] = {g.x, g.y, g.z, g.w};
-		float ma[4] = {mm.x, mm.y, mm.z, mm.w}, va[4] = {vv.x, vv.y, vv.z, vv.w};
+		struct ng_adam4 e;
+		ng_adam4_load_(&e, hi + i, lo + i, grad + i, m + i, v + i);
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
-			float p = ng_split_decode(ha[k], la[k]);
-			p = ng_adamw_elem_(p, ga[k], &ma[k], &va[k], a, wd, b1, b2, eps);
-			ng_split_encode(p, &ha[k], &la[k]);
+			float p = ng_split_decode(e.hi[k], e.lo[k]);
+			p = ng_adamw_elem_(p, e.g[k], &e.m[k], &e.v[k], a, wd, b1, b2, eps);
+			ng_split_encode(p, &e.hi[k], &e.lo[k]);
 		}
-		*reinterpret_cast<float4 *>(m + i) = make_float4(ma[0], ma[1], ma[2], ma[3]);
-		*reinterpret_cast<float4 *>(v + i) = make_float4(va[0], va[1], va[2], va[3]);
-		*reinterpret_cast<ushort4 *>(hi + i) = make_ushort4(ha[0], ha[1], ha[2], ha[3]);
-		*reinterpret_cast<ushort4 *>(lo + i) = make_ushort4(la[0], la[1], la[2], la[3]);
+		ng_adam4_store_(&e, hi + i, lo + i, m + i, v + i);
 	} else {
 		for (; i < n; i++) {
 			float p = ng_split_decode(hi[i], lo[i]);

@@ -42,4 +42,35 @@ static __device__ __forceinline__ float ng_adamw_elem_(float p, float grad, floa
 	return p - a.lr * ((mk / a.bc1) / (sqrtf(vk / a.bc2) + eps) + wd * p);
 }
 
+/* Four consecutive elements of a split master (kernels/split.h) and its Adam state, read and
+ * written in wide accesses: hi and lo 8-byte aligned, grad, m and v 16-byte aligned. */
+struct ng_adam4 {
+	ng_bf16 hi[4];
+	uint16_t lo[4];
+	float g[4], m[4], v[4];
+};
+
+static __device__ __forceinline__ void ng_adam4_load_(struct ng_adam4 *e, const ng_bf16 *hi,
+						      const uint16_t *lo, const float *grad,
+						      const float *m, const float *v)
+{
+	ushort4 h = *reinterpret_cast<const ushort4 *>(hi);
+	ushort4 l = *reinterpret_cast<const ushort4 *>(lo);
+	float4 g = __ldcs(reinterpret_cast<const float4 *>(grad));
+	float4 mm = *reinterpret_cast<const float4 *>(m);
+	float4 vv = *reinterpret_cast<const float4 *>(v);
+	*e = (struct ng_adam4){ { h.x, h.y, h.z, h.w }, { l.x, l.y, l.z, l.w },
+				{ g.x, g.y, g.z, g.w }, { mm.x, mm.y, mm.z, mm.w },
+				{ vv.x, vv.y, vv.z, vv.w } };
+}
+
+static __device__ __forceinline__ void ng_adam4_store_(const struct ng_adam4 *e, ng_bf16 *hi,
+						       uint16_t *lo, float *m, float *v)
+{
+	*reinterpret_cast<float4 *>(m) = make_float4(e->m[0], e->m[1], e->m[2], e->m[3]);
+	*reinterpret_cast<float4 *>(v) = make_float4(e->v[0], e->v[1], e->v[2], e->v[3]);
+	*reinterpret_cast<ushort4 *>(hi) = make_ushort4(e->hi[0], e->hi[1], e->hi[2], e->hi[3]);
+	*reinterpret_cast<ushort4 *>(lo) = make_ushort4(e->lo[0], e->lo[1], e->lo[2], e->lo[3]);
+}
+
 #endif

@@ -375,3 +375,74 @@ Test(muon, momentum_apply_adam)
 	free(vd), free(wd), free(xd), free(got), free(mg), free(ug), free(uref), free(mref);
 	free(hg), free(lg), free(wref), free(dg), free(p);
 }
+
+/* The apply and Adam kernels take 4 elements a thread where the pointers allow it and one
+ * otherwise: the same buffers one element off alignment must come out bit for bit the same. */
+Test(muon, apply_adam_any_alignment)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	size_t n = 1001;
+	struct ng_muon_config c = ng_muon_config_default(100);
+	struct ng_step_state *d_st;
+	struct ng_muon_scalars *d_sc, sc;
+	scalars_at(7, 0.5f, c, &d_st, &d_sc, &sc);
+	float *f32[3]; /* g, m, v */
+	ng_bf16 *hi = kt_xmalloc(n * 2), *x = kt_xmalloc(n * 2);
+	uint16_t *lo = kt_xmalloc(n * 2);
+	for (int k = 0; k < 3; k++)
+		f32[k] = kt_xmalloc(n * 4);
+	for (size_t i = 0; i < n; i++) {
+		f32[0][i] = (float)(ng_rng_normal(&r) * 1e-3);
+		f32[1][i] = (float)(ng_rng_normal(&r) * 1e-3);
+		f32[2][i] = (float)fabs(ng_rng_normal(&r) * 1e-6);
+		ng_split_encode((float)(ng_rng_normal(&r) * 0.02), &hi[i], &lo[i]);
+		x[i] = kt_f32_to_bf16((float)ng_rng_normal(&r));
+	}
+	ng_bf16 *out_hi[2];
+	uint16_t *out_lo[2];
+	float *out_m[2], *out_v[2];
+	for (int off = 0; off < 2; off++) { /* 0: aligned, 1: one element past */
+		char *buf = kt_upload(NULL, (n + 4) * 2 * 3 + (n + 4) * 4 * 3);
+		ng_bf16 *d_hi = (ng_bf16 *)buf + off, *d_x = (ng_bf16 *)buf + (n + 4) + off;
+		uint16_t *d_lo = (uint16_t *)buf + 2 * (n + 4) + off;
+		float *d_f[3];
+		for (int k = 0; k < 3; k++) {
+			d_f[k] = (float *)(buf + (n + 4) * 6 + (size_t)k * (n + 4) * 4) + off;
+			kt_cuda(cudaMemcpy(d_f[k], f32[k], n * 4, cudaMemcpyHostToDevice), "upload");
+		}
+		kt_cuda(cudaMemcpy(d_hi, hi, n * 2, cudaMemcpyHostToDevice), "upload");
+		kt_cuda(cudaMemcpy(d_lo, lo, n * 2, cudaMemcpyHostToDevice), "upload");
+		kt_cuda(cudaMemcpy(d_x, x, n * 2, cudaMemcpyHostToDevice), "upload");
+		kt_ok(ng_muon_apply(d_hi, d_lo, d_x, n, 2.0f, d_sc, d_st, 0), "apply");
+		kt_ok(ng_muon_adam(d_hi, d_lo, d_f[1], d_f[2], d_f[0], n, NG_MUON_ADAM_EMBED,
+				   c.beta1, c.beta2, c.eps, d_sc, d_st, 0), "adam");
+		out_hi[off] = kt_xmalloc(n * 2), out_lo[off] = kt_xmalloc(n * 2);
+		out_m[off] = kt_xmalloc(n * 4), out_v[off] = kt_xmalloc(n * 4);
+		kt_download(out_hi[off], d_hi, n * 2);
+		kt_download(out_lo[off], d_lo, n * 2);
+		kt_download(out_m[off], d_f[1], n * 4);
+		kt_download(out_v[off], d_f[2], n * 4);
+		cudaFree(buf);
+	}
+	cr_expect(memcmp(out_hi[0], out_hi[1], n * 2) == 0 && memcmp(out_lo[0], out_lo[1], n * 2) == 0,
+		  "seed %llu: the weights differ between the wide and the one-element path",
+		  (unsigned long long)seed);
+	cr_expect(memcmp(out_m[0], out_m[1], n * 4) == 0 && memcmp(out_v[0], out_v[1], n * 4) == 0,
+		  "seed %llu: the moments differ between the wide and the one-element path",
+		  (unsigned long long)seed);
+	size_t changed = 0;
+	for (size_t i = 0; i < n; i++)
+		changed += out_hi[0][i] != hi[i] || out_lo[0][i] != lo[i];
+	cr_expect(changed > n / 2, "seed %llu: only %zu of %zu weights moved",
+		  (unsigned long long)seed, changed, n);
+	for (int off = 0; off < 2; off++)
+		free(out_hi[off]), free(out_lo[off]), free(out_m[off]), free(out_v[off]);
+	for (int k = 0; k < 3; k++)
+		free(f32[k]);
+	free(hi), free(x), free(lo);
+	cudaFree(d_st), cudaFree(d_sc);
+}
