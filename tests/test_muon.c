@@ -406,12 +406,15 @@ Test(muon, apply_adam_any_alignment)
 	uint16_t *out_lo[2];
 	float *out_m[2], *out_v[2];
 	for (int off = 0; off < 2; off++) { /* 0: aligned, 1: one element past */
-		char *buf = kt_upload(NULL, (n + 4) * 2 * 3 + (n + 4) * 4 * 3);
-		ng_bf16 *d_hi = (ng_bf16 *)buf + off, *d_x = (ng_bf16 *)buf + (n + 4) + off;
-		uint16_t *d_lo = (uint16_t *)buf + 2 * (n + 4) + off;
-		float *d_f[3];
+		/* each buffer its own allocation (256-byte aligned), used from element off */
+		ng_bf16 *b_hi = kt_upload(NULL, (n + 4) * 2), *b_x = kt_upload(NULL, (n + 4) * 2);
+		uint16_t *b_lo = kt_upload(NULL, (n + 4) * 2);
+		ng_bf16 *d_hi = b_hi + off, *d_x = b_x + off;
+		uint16_t *d_lo = b_lo + off;
+		float *b_f[3], *d_f[3];
 		for (int k = 0; k < 3; k++) {
-			d_f[k] = (float *)(buf + (n + 4) * 6 + (size_t)k * (n + 4) * 4) + off;
+			b_f[k] = kt_upload(NULL, (n + 4) * 4);
+			d_f[k] = b_f[k] + off;
 			kt_cuda(cudaMemcpy(d_f[k], f32[k], n * 4, cudaMemcpyHostToDevice), "upload");
 		}
 		kt_cuda(cudaMemcpy(d_hi, hi, n * 2, cudaMemcpyHostToDevice), "upload");
@@ -426,7 +429,9 @@ Test(muon, apply_adam_any_alignment)
 		kt_download(out_lo[off], d_lo, n * 2);
 		kt_download(out_m[off], d_f[1], n * 4);
 		kt_download(out_v[off], d_f[2], n * 4);
-		cudaFree(buf);
+		cudaFree(b_hi), cudaFree(b_x), cudaFree(b_lo);
+		for (int k = 0; k < 3; k++)
+			cudaFree(b_f[k]);
 	}
 	cr_expect(memcmp(out_hi[0], out_hi[1], n * 2) == 0 && memcmp(out_lo[0], out_lo[1], n * 2) == 0,
 		  "seed %llu: the weights differ between the wide and the one-element path",
