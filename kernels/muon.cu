@@ -204,15 +204,15 @@ static __global__ void adam_speedrun_split(ng_bf16 *hi, uint16_t *lo, float *m, 
 		return;
 	float alpha = sc->adam_alpha[group], gs = st->clip_scale;
 	if (vec && e <= n) {
-		struct ng_adam4 e;
-		ng_adam4_load_(&e, hi + i, lo + i, grad + i, m + i, v + i);
+		struct ng_adam4 q;
+		ng_adam4_load_(&q, hi + i, lo + i, grad + i, m + i, v + i);
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
-			float w = adam_speedrun_elem_(ng_split_decode(e.hi[k], e.lo[k]), e.g[k] * gs,
-						      &e.m[k], &e.v[k], alpha, b1, b2, eps);
-			ng_split_encode(w, &e.hi[k], &e.lo[k]);
+			float w = adam_speedrun_elem_(ng_split_decode(q.hi[k], q.lo[k]), q.g[k] * gs,
+						      &q.m[k], &q.v[k], alpha, b1, b2, eps);
+			ng_split_encode(w, &q.hi[k], &q.lo[k]);
 		}
-		ng_adam4_store_(&e, hi + i, lo + i, m + i, v + i);
+		ng_adam4_store_(&q, hi + i, lo + i, m + i, v + i);
 		return;
 	}
 	if (e > n)
