@@ -25,6 +25,7 @@
 #include "kernels/check.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/split.h"
+#include "tests/muon_testing.h"
 
 /* The fp32 master after the step (p1, lay.total floats): the split master (kernels/split.h)
  * joined by ng_exec_snapshot; its bf16 copy on the device is the split's high half; a restore
@@ -392,63 +393,8 @@ Test(train_gpu, muon_step_matches_cpu_reference)
 	ng_gpt_init(&g->cfg, &g->lay, c.seed, p0);
 	double gs = rec.grad_norm > c.clip ? c.clip / (rec.grad_norm + 1e-6) : 1.0;
 	cr_expect(fabs(rec.lr - c.muon.lr) < 1e-6, "lr gpu %g, Muon's %g", rec.lr, c.muon.lr);
-	for (int i = 0; i < NG_P_COUNT; i++) { /* Adam */
-		int group = ng_muon_adam_group_of((enum ng_param_id)i);
-		if (group < 0)
-			continue;
-		const struct ng_param_spec *p = &g->lay.p[i];
-		size_t nn = p->numel;
-		if (nn == 0)
-			continue;
-		double *pd = malloc(nn * 8), *md = calloc(nn, 8), *vd = calloc(nn, 8),
-		       *gd = malloc(nn * 8);
-		for (size_t j = 0; j < nn; j++) {
-			pd[j] = p0[p->offset + j];
-			gd[j] = grads[p->offset + j];
-		}
-		double alpha = ng_ref_muon_adam_alpha(&c.muon, group, 0);
-		ng_ref_adam_speedrun(pd, md, vd, gd, nn, alpha, c.muon.beta1, c.muon.beta2,
-				     c.muon.eps, gs);
-		double worst = 0;
-		for (size_t j = 0; j < nn; j++) {
-			double d = fabs(p1[p->offset + j] - pd[j]) / (fabs(pd[j]) + alpha);
-			worst = d > worst ? d : worst;
-		}
-		cr_expect(worst < 1e-4, "adam %s: worst rel err %.3e", p->name, worst);
-		free(pd), free(md), free(vd), free(gd);
-	}
-	struct ng_muon_group grp[NG_MUON_GROUPS];
-	ng_muon_groups(&g->cfg, grp);
-	for (int k = 0; k < NG_MUON_GROUPS; k++) {
-		const struct ng_param_spec *p = &g->lay.p[grp[k].param];
-		size_t nn = p->numel;
-		double *w[2], *m = malloc(nn * 8), *gd = malloc(nn * 8);
-		for (int b = 0; b < 2; b++) {
-			w[b] = malloc(nn * 8);
-			for (size_t j = 0; j < nn; j++) {
-				w[b][j] = p0[p->offset + j];
-				gd[j] = grads[p->offset + j];
-				m[j] = 0;
-			}
-			ng_ref_muon(w[b], m, gd, grp[k].batch, grp[k].rows, grp[k].cols,
-				    c.muon.mu_start, c.muon.lr, grp[k].scale, gs, b);
-		}
-		double eg = 0, ee = 0, den = 0;
-		for (size_t j = 0; j < nn; j++) {
-			double d64 = w[0][j] - p0[p->offset + j];
-			double dg = (double)p1[p->offset + j] - p0[p->offset + j];
-			double de = w[1][j] - p0[p->offset + j];
-			eg += (dg - d64) * (dg - d64);
-			ee += (de - d64) * (de - d64);
-			den += d64 * d64;
-		}
-		eg = sqrt(eg / den), ee = sqrt(ee / den);
-		cr_expect(eg <= 2 * ee + 1e-3, "muon %s: update rel L2 err %.3e > 2 x bf16 "
-			  "emulation's %.3e + 1e-3 (seed %llu)", p->name, eg, ee,
-			  (unsigned long long)seed);
-		printf("muon %-9s update rel L2 err %.3e (bf16 emulation %.3e)\n", p->name, eg, ee);
-		free(w[0]), free(w[1]), free(m), free(gd);
-	}
+	mt_check_adam(g, &c.muon, 0, gs, p0, p1, grads, seed);
+	mt_check_muon(g, c.muon.mu_start, c.muon.lr, gs, p0, p1, grads, seed, "gpt2");
 	free(grads), free(p1), free(p0);
 	ng_exec_free(&e);
 	enum { STEPS = 20 };

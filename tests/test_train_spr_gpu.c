@@ -31,6 +31,7 @@
 #include "graph/step_spr.h"
 #include "kernels/check.h"
 #include "kernels/gemm_sm90.h"
+#include "tests/muon_testing.h"
 #include "util/rng.h"
 
 #define TOTAL_STEPS 10
@@ -483,68 +484,8 @@ Test(train_spr_gpu, muon_step_matches_cpu_reference)
 					   c.muon.mu_warmup);
 	cr_expect(fabs(rec.lr - c.muon.lr * f) < 1e-6, "lr gpu %g, Muon's %g", rec.lr,
 		  c.muon.lr * f);
-	for (int i = 0; i < NG_P_COUNT; i++) { /* Adam */
-		int group = ng_muon_adam_group_of((enum ng_param_id)i);
-		const struct ng_param_spec *p = &g->lay.p[i];
-		if (group < 0 || !ng_param_present(p))
-			continue;
-		size_t nn = p->numel;
-		double *pd = malloc(nn * 8), *md = calloc(nn, 8), *vd = calloc(nn, 8),
-		       *gd = malloc(nn * 8);
-		cr_assert(pd && md && vd && gd);
-		for (size_t j = 0; j < nn; j++) {
-			pd[j] = p0[p->offset + j];
-			gd[j] = grads[p->offset + j];
-		}
-		double alpha = ng_ref_muon_adam_alpha(&c.muon, group, AT_STEP);
-		ng_ref_adam_speedrun(pd, md, vd, gd, nn, alpha, c.muon.beta1, c.muon.beta2,
-				     c.muon.eps, 1.0);
-		double worst = 0;
-		for (size_t j = 0; j < nn; j++) {
-			double d = fabs(p1[p->offset + j] - pd[j]) / (fabs(pd[j]) + alpha);
-			worst = d > worst ? d : worst;
-		}
-		cr_expect(worst < 1e-4, "adam %s: worst rel err %.3e (seed %llu)", p->name, worst,
-			  (unsigned long long)seed);
-		free(pd), free(md), free(vd), free(gd);
-	}
-	struct ng_muon_group grp[NG_MUON_GROUPS];
-	ng_muon_groups(&g->cfg, grp);
-	for (int k = 0; k < NG_MUON_GROUPS; k++) {
-		const struct ng_param_spec *p = &g->lay.p[grp[k].param];
-		size_t nn = (size_t)grp[k].batch * grp[k].rows * grp[k].cols;
-		cr_assert_leq(nn, p->numel, "group %d: %zu elements, %s has %zu", k, nn, p->name,
-			      p->numel);
-		double *w[2], *m = malloc(nn * 8), *gd = malloc(nn * 8);
-		cr_assert(m && gd);
-		for (int b = 0; b < 2; b++) { /* b = 0: double Newton-Schulz, 1: bf16 emulation */
-			w[b] = malloc(nn * 8);
-			cr_assert(w[b]);
-			for (size_t j = 0; j < nn; j++) {
-				w[b][j] = p0[p->offset + j];
-				gd[j] = grads[p->offset + j];
-				m[j] = 0;
-			}
-			ng_ref_muon(w[b], m, gd, grp[k].batch, grp[k].rows, grp[k].cols, mu,
-				    c.muon.lr * f, grp[k].scale, 1.0, b);
-		}
-		double eg = 0, ee = 0, den = 0;
-		for (size_t j = 0; j < nn; j++) {
-			double d64 = w[0][j] - p0[p->offset + j];
-			double dg = (double)p1[p->offset + j] - p0[p->offset + j];
-			double de = w[1][j] - p0[p->offset + j];
-			eg += (dg - d64) * (dg - d64);
-			ee += (de - d64) * (de - d64);
-			den += d64 * d64;
-		}
-		eg = sqrt(eg / den), ee = sqrt(ee / den);
-		fprintf(stderr, "speedrun muon %-9s (%d x %d x %d) update rel L2 err %.3e (bf16 "
-			"emulation %.3e)\n", p->name, grp[k].batch, grp[k].rows, grp[k].cols, eg, ee);
-		cr_expect(eg <= 2 * ee + 1e-3, "muon %s: update rel L2 err %.3e > 2 x bf16 "
-			  "emulation's %.3e + 1e-3 (seed %llu)", p->name, eg, ee,
-			  (unsigned long long)seed);
-		free(w[0]), free(w[1]), free(m), free(gd);
-	}
+	mt_check_adam(g, &c.muon, AT_STEP, 1.0, p0, p1, grads, seed);
+	mt_check_muon(g, mu, c.muon.lr * f, 1.0, p0, p1, grads, seed, "speedrun");
 	free(p0), free(zero), free(grads), free(p1), free(m1), free(v1);
 	ng_exec_free(&e);
 }
