@@ -861,8 +861,9 @@ static enum ng_status fit_try(struct ng_graph *g, const struct ng_gpt_config *cf
 	return st;
 }
 
-/* The fewest of L layers to recompute (keep = L - n) so that the step fits, given that all L
- * do; *keep gets it, g holds its build. The bytes fall with every layer recomputed. */
+/* A count of L layers to recompute (keep = L - n) with which the step fits and with one fewer
+ * it does not, given that all L fit: a bisection, since the bytes fall with the count (their
+ * lower bound strictly; the placement up to its heuristic); *keep gets it, g holds its build. */
 static enum ng_status fit_layers(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,
 				 int T, int K, struct ng_step_options *o, int *keep, size_t budget)
 {

