@@ -11,13 +11,18 @@ torch.compile) and a GPU.
         'corpus/val_*.bin' WINDOW_BLOCKS
 WINDOW_BLOCKS: the long window in 128-token blocks at the checkpoint's step (14 at the end of a
 run). Prints "ref-eval seq S: N sequences, val loss X".
+load_flat_into sets the reference's model to export_init's weights instead (`speedrun-race ref
+--init-seed`).
 """
 import json
+import os
 import struct
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # speedrun_peer, beside it
 
 VAL_TOKENS = 10485760  # the reference's val_tokens
 V, VP, L, H, C = 50257, 50304, 12, 6, 768
@@ -63,6 +68,41 @@ def load_into(model, t):
     for m in model.modules():
         if isinstance(m, torch.nn.Embedding):
             m.bfloat16()
+
+
+def flat_tensors(path):
+    """export_init's flat float32 file of the speedrun preset (graph/gpt.h's layout, read through
+    speedrun_peer.layout) as {name: tensor} under the checkpoint's names, as read_safetensors
+    gives them: wte and ve.<t> their V real rows, blocks.<l>.<name> a block's slice."""
+    import numpy as np
+    import speedrun_peer as sp
+    lay, total = sp.layout(L, C, VP)
+    flat = np.fromfile(path, dtype=np.float32)
+    if flat.size != total:
+        sys.exit("ref_eval: %s has %d floats, the speedrun preset's layout %d (hint: "
+                 "build/tools/export_init speedrun SEED FILE writes it)" % (path, flat.size, total))
+
+    def get(name):
+        shape, off = lay[name]
+        n = int(np.prod(shape))
+        return torch.from_numpy(flat[off:off + n].copy()).reshape(shape)
+    t = {"wte": get("wte")[:V], "headw": get("headw"), "skipw": get("skipw")}
+    for k in range(sp.N_VE):
+        t["ve.%d" % k] = get("ve")[k, :V]
+    for name in ("xlambda", "fcw", "fcprojw"):
+        for l in range(L):
+            t["blocks.%d.%s" % (l, name)] = get(name)[l]
+    for name in ("qkvw", "attprojw", "vlambda"):
+        for l in range(L):
+            if sp.attn_slot(L, l) >= 0:
+                t["blocks.%d.%s" % (l, name)] = get(name)[sp.attn_slot(L, l)]
+    return t
+
+
+def load_flat_into(model, path):
+    """The reference's model set to nanograph's initial weights (export_init's file): the
+    reference trained from the same init as nanograph and the peer, with the same seed."""
+    load_into(model, flat_tensors(path))
 
 
 def main():
