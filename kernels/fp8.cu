@@ -305,40 +305,52 @@ extern "C" enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out, const ng_bf16 *in,
 }
 
 /* W and W^T in one read: 64 x 64 tiles of a segment, 256 threads. Each thread converts 2 x 8
- * elements (16-byte loads when the rows allow), writes their 8 E4M3 bytes to out (when not NULL)
- * and keeps them in a shared tile; then 4 x 4 bytes of the transpose go to out_t (when not
- * NULL): 3 bytes an element read once instead of twice. Tile rows are 65 bytes apart, so the
- * column reads of the transpose fall on distinct banks. */
+ * elements (16-byte loads when the rows allow), writes their 8 bytes to out (when not NULL) and
+ * keeps them in a shared tile; then 4 x 4 bytes of the transpose go to out_t (when not NULL): 3
+ * bytes an element read once instead of twice. Tile rows are 65 bytes apart, so the column reads
+ * of the transpose fall on distinct banks. The gradient form (one segment) also records |x|'s
+ * maximum (amax, spread over its NG_FP8_AMAX_SUB lines by block) and the tile's column sums of
+ * x (part, row blockIdx.y): the 8 columns of a thread are shared by the lanes 8 and 16 apart in
+ * its warp (a shuffle sum), then by the 8 warps (a shared-memory sum in warp order), so the sums
+ * are the same every run. */
 #define WT_TILE 64
-static __global__ void fp8_cast_e4m3_wt(uint8_t *__restrict__ out, uint8_t *__restrict__ out_t,
-					const __nv_bfloat16 *__restrict__ in,
-					const float *__restrict__ scale, int R, int Cc)
+#define WT_THREADS 256
+template <int FMT>
+static __global__ void __launch_bounds__(WT_THREADS)
+fp8_cast_wt(uint8_t *__restrict__ out, uint8_t *__restrict__ out_t, float *__restrict__ part,
+	    float *__restrict__ amax, const __nv_bfloat16 *__restrict__ in,
+	    const float *__restrict__ scale, int R, int Cc)
 {
 	__shared__ uint8_t tile[WT_TILE][WT_TILE + 1];
+	__shared__ float colsum[WT_THREADS / 32][WT_TILE];
 	size_t seg = (size_t)blockIdx.z * R * Cc;
 	in += seg;
 	const int r0 = blockIdx.y * WT_TILE, c0 = blockIdx.x * WT_TILE;
 	const bool vec = Cc % 8 == 0; /* rows of whole 16-byte vectors: aligned loads */
 	const float sc = scale[blockIdx.z];
-	for (int v = threadIdx.x; v < WT_TILE * WT_TILE / 8; v += blockDim.x) {
+	float cs[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f }, m = 0.0f;
+	bool nan = false;
+	/* a thread's vectors share their 8 columns: v % 8 == threadIdx.x % 8 */
+	for (int v = threadIdx.x; v < WT_TILE * WT_TILE / 8; v += WT_THREADS) {
 		int rr = v / (WT_TILE / 8), cc = v % (WT_TILE / 8) * 8, r = r0 + rr, c = c0 + cc;
-		uint8_t q[8];
+		float x[8];
 		bool full = r < R && c + 8 <= Cc;
 		if (full && vec) {
-			float x[8];
 			ng_unpack8_(x, ng_load8_stream_(in + (size_t)r * Cc + c));
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				q[j] = __nv_cvt_float_to_fp8(x[j] * sc, __NV_SATFINITE, __NV_E4M3);
 		} else {
 #pragma unroll
 			for (int j = 0; j < 8; j++)
-				q[j] = r < R && c + j < Cc
-					       ? __nv_cvt_float_to_fp8(
-							 __bfloat162float(in[(size_t)r * Cc + c + j]) * sc,
-							 __NV_SATFINITE, __NV_E4M3)
-					       : 0;
+				x[j] = r < R && c + j < Cc ? __bfloat162float(in[(size_t)r * Cc + c + j])
+							   : 0.0f;
 		}
+		uint8_t q[8];
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			q[j] = __nv_cvt_float_to_fp8(x[j] * sc, __NV_SATFINITE,
+						     (__nv_fp8_interpretation_t)FMT);
+			cs[j] += x[j];
+		}
+		max8_(m, nan, x);
 		if (out && full && vec) {
 			uint2 w;
 			memcpy(&w, q, 8);
@@ -351,12 +363,37 @@ static __global__ void fp8_cast_e4m3_wt(uint8_t *__restrict__ out, uint8_t *__re
 		for (int j = 0; j < 8; j++)
 			tile[rr][cc + j] = q[j];
 	}
-	if (!out_t)
+	if (amax) /* uniform over the grid: every thread reaches the block reduction or none */
+		amax_commit_(amax + (size_t)((blockIdx.y * gridDim.x + blockIdx.x) %
+					     NG_FP8_AMAX_SUB) * NG_FP8_AMAX_STRIDE,
+			     m, nan);
+	if (part) {
+		const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], 8);
+			cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], 16);
+		}
+		if (lane < 8)
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				colsum[warp][lane * 8 + j] = cs[j];
+	}
+	if (!out_t && !part)
 		return;
 	__syncthreads();
+	if (part && threadIdx.x < WT_TILE && c0 + (int)threadIdx.x < Cc) {
+		float t = 0.0f;
+#pragma unroll
+		for (int w = 0; w < WT_THREADS / 32; w++)
+			t += colsum[w][threadIdx.x];
+		part[(size_t)blockIdx.y * Cc + c0 + threadIdx.x] = t;
+	}
+	if (!out_t)
+		return;
 	out_t += seg; /* (Cc, R): row c holds column c of the segment */
 	const bool vec_t = R % 4 == 0;
-	for (int w = threadIdx.x; w < WT_TILE * WT_TILE / 4; w += blockDim.x) {
+	for (int w = threadIdx.x; w < WT_TILE * WT_TILE / 4; w += WT_THREADS) {
 		int cc = w / (WT_TILE / 4), rr = w % (WT_TILE / 4) * 4, c = c0 + cc, r = r0 + rr;
 		if (c >= Cc)
 			continue;
@@ -372,20 +409,52 @@ static __global__ void fp8_cast_e4m3_wt(uint8_t *__restrict__ out, uint8_t *__re
 	}
 }
 
+/* Both casts' checks and launch; part and amax only with one segment. */
+static enum ng_status cast_wt_(const char *who, enum ng_fp8_format fmt, uint8_t *out,
+			       uint8_t *out_t, float *part, float *amax, const ng_bf16 *in,
+			       const float *scale, int R, int Cc, int nseg, cudaStream_t s)
+{
+	if ((!out && !out_t && !part && !amax) || !in || !scale || R < 1 || Cc < 1 || nseg < 1 ||
+	    nseg > 65535 || ((part || amax) && nseg != 1) ||
+	    (fmt != NG_FP8_E4M3 && fmt != NG_FP8_E5M2) ||
+	    (Cc % 8 == 0 && (uintptr_t)in % 16) || (out && Cc % 8 == 0 && (uintptr_t)out % 8) ||
+	    (out_t && R % 4 == 0 && (uintptr_t)out_t % 4) || (part && (uintptr_t)part % 4) ||
+	    (amax && (uintptr_t)amax % 4) || (R + WT_TILE - 1) / WT_TILE > 65535)
+		return ng_check_arg_fail(who, "need device pointers (in 16-, out 8-, out_t 4-byte "
+					 "aligned), an output, E4M3 or E5M2, R %d (at most 64 x "
+					 "65535), C %d and 1..65535 segments (%d; 1 with part or amax)",
+					 R, Cc, nseg);
+	dim3 grid((unsigned)((Cc + WT_TILE - 1) / WT_TILE), (unsigned)((R + WT_TILE - 1) / WT_TILE),
+		  (unsigned)nseg);
+	if (fmt == NG_FP8_E5M2)
+		fp8_cast_wt<__NV_E5M2><<<grid, WT_THREADS, 0, s>>>(
+			out, out_t, part, amax, (const __nv_bfloat16 *)in, scale, R, Cc);
+	else
+		fp8_cast_wt<__NV_E4M3><<<grid, WT_THREADS, 0, s>>>(
+			out, out_t, part, amax, (const __nv_bfloat16 *)in, scale, R, Cc);
+	return NG_LAUNCH_CHECK(who);
+}
+
 extern "C" enum ng_status ng_fp8_cast_e4m3_wt_seg(uint8_t *out, uint8_t *out_t,
 						  const ng_bf16 *in, const float *scale, int R,
 						  int Cc, int nseg, cudaStream_t s)
 {
-	if ((!out && !out_t) || !in || !scale || R < 1 || Cc < 1 || nseg < 1 || nseg > 65535 ||
-	    (Cc % 8 == 0 && (uintptr_t)in % 16) || (out && Cc % 8 == 0 && (uintptr_t)out % 8) ||
-	    (out_t && R % 4 == 0 && (uintptr_t)out_t % 4))
-		return ng_check_arg_fail("ng_fp8_cast_e4m3_wt", "need device pointers (in 16-, out 8-, "
-					 "out_t 4-byte aligned), at least one output, R %d, C %d and "
-					 "1..65535 segments (%d)", R, Cc, nseg);
-	dim3 grid((unsigned)((Cc + WT_TILE - 1) / WT_TILE), (unsigned)((R + WT_TILE - 1) / WT_TILE),
-		  (unsigned)nseg);
-	fp8_cast_e4m3_wt<<<grid, 256, 0, s>>>(out, out_t, (const __nv_bfloat16 *)in, scale, R, Cc);
-	return NG_LAUNCH_CHECK("fp8_cast_e4m3_wt");
+	if (!out && !out_t)
+		return ng_check_arg_fail("ng_fp8_cast_e4m3_wt", "need at least one output");
+	return cast_wt_("ng_fp8_cast_e4m3_wt", NG_FP8_E4M3, out, out_t, NULL, NULL, in, scale, R,
+			Cc, nseg, s);
+}
+
+extern "C" int ng_fp8_colsum_rows(int R)
+{
+	return (R + WT_TILE - 1) / WT_TILE;
+}
+
+extern "C" enum ng_status ng_fp8_cast_wt(enum ng_fp8_format fmt, uint8_t *out, uint8_t *out_t,
+					 float *part, float *amax, const ng_bf16 *in,
+					 const float *scale, int R, int Cc, cudaStream_t s)
+{
+	return cast_wt_("ng_fp8_cast_wt", fmt, out, out_t, part, amax, in, scale, R, Cc, 1, s);
 }
 
 extern "C" enum ng_status ng_fp8_cast_e4m3_t_seg(uint8_t *out, const ng_bf16 *in,

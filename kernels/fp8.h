@@ -92,6 +92,22 @@ enum ng_status ng_fp8_cast_e4m3_t_seg(uint8_t *out, const ng_bf16 *in, const flo
 enum ng_status ng_fp8_cast_e4m3_wt_seg(uint8_t *out, uint8_t *out_t, const ng_bf16 *in,
 				       const float *scale, int R, int Cc, int nseg, cudaStream_t s);
 
+/* The cast in front of an fp8 weight-gradient matmul (graph/step.h "FP8"), one read of in (R,
+ * Cc) bf16, each output optional (NULL: not written):
+ *   out (R, Cc) = FMT(in * *scale), the bytes ng_fp8_cast_seg writes (the dinp matmul's dout);
+ *   out_t (Cc, R) = its transpose (the dW matmul's: FP8 GEMMs take the reduced dimension
+ *     contiguous);
+ *   amax: max= max |in|, spread over the NG_FP8_AMAX_SUB floats NG_FP8_AMAX_STRIDE apart of a
+ *     slot, as ng_fp8_roll_scales reads it;
+ *   part (ng_fp8_colsum_rows(R), Cc) fp32 = in's column sums over each band of 64 rows, in a
+ *     fixed order; ng_bias_grad_reduce adds the bands in order (the bias gradient, the same
+ *     every run).
+ * Alignment as ng_fp8_cast_e4m3_wt_seg; part and amax 4-byte aligned; R at most 64 x 65535. */
+enum ng_status ng_fp8_cast_wt(enum ng_fp8_format fmt, uint8_t *out, uint8_t *out_t, float *part,
+			      float *amax, const ng_bf16 *in, const float *scale, int R, int Cc,
+			      cudaStream_t s);
+int ng_fp8_colsum_rows(int R);
+
 /* Delayed scaling, once per step for each of nseg slots: push the slot's maximum (the largest
  * of amax[(k * sub + j) * stride], j < sub) into its history of the last H maxima (hist row k,
  * newest first), scale[k] / descale[k] from the largest of them as ng_fp8_scale_from_amax

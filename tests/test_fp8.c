@@ -25,6 +25,7 @@
 
 #include "graph/cpu_ops.h"
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/matmul.h"
 #include "tests/kernel_testing.h"
@@ -479,6 +480,104 @@ Test(fp8, cast_w_and_wt_in_one_pass)
 		cudaFree(bi), cudaFree(bo), cudaFree(bt), cudaFree(bs);
 		free(h), free(g8), free(gt);
 	}
+}
+
+/* The gradient cast of an fp8 weight-gradient matmul (ng_fp8_cast_wt), in both formats: the
+ * row-major and transposed bytes bit-exact against the CPU encoder, the recorded maximum exact
+ * (a maximum does not round), and each 64-row band's column sums against double: fp32 adds at
+ * most 63 terms a band, so within 63 u32 (u32 = 2^-24) of the sum of their magnitudes; the
+ * bands added by ng_bias_grad_reduce within R u32 of the column's. Shapes: whole tiles with
+ * 16-byte rows, R cut by the tile and not a multiple of 4, C not a multiple of 8. */
+Test(fp8, gradient_cast_rows_transpose_amax_colsums)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	uint64_t seed = kt_seed();
+	struct ng_rng r;
+	ng_rng_seed(&r, seed);
+	static const struct { int R, C; } shapes[] = { { 256, 192 }, { 97, 200 }, { 130, 50 } };
+	const double u32 = ldexp(1.0, -24);
+	for (int t = 0; t < 6; t++) {
+		const int R = shapes[t % 3].R, CC = shapes[t % 3].C;
+		const enum ng_fp8_format fmt = t < 3 ? NG_FP8_E5M2 : NG_FP8_E4M3;
+		const int bands = ng_fp8_colsum_rows(R);
+		size_t n = (size_t)R * CC;
+		uint16_t *h = malloc(n * 2);
+		uint8_t *g8 = malloc(n), *gt = malloc(n);
+		float *part = malloc((size_t)bands * CC * 4), *sum = malloc((size_t)CC * 4);
+		float amax[NG_FP8_AMAX_FLOATS];
+		cr_assert(h && g8 && gt && part && sum);
+		double want_max = 0;
+		for (size_t i = 0; i < n; i++) {
+			h[i] = kt_f32_to_bf16((float)(ng_rng_normal(&r) *
+					       ldexp(1.0, (int)ng_rng_below(&r, 17) - 8)));
+			want_max = fmax(want_max, fabs(kt_bf16_to_f32(h[i])));
+		}
+		void *bi, *bo, *bt, *bs, *bp, *ba, *bsum;
+		uint16_t *din = dev_(&bi, n * 2, 0);
+		uint8_t *dw = dev_(&bo, n, 0), *dt = dev_(&bt, n, 0);
+		float *dp = dev_(&bp, (size_t)bands * CC * 4, 0), *da = dev_(&ba, sizeof(amax), 0);
+		float *dsum = dev_(&bsum, (size_t)CC * 4, 0);
+		float sc = fmt == NG_FP8_E5M2 ? 512.0f : 3.0f, *dsc = dev_(&bs, 4, 0);
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(din, h, n * 2, cudaMemcpyHostToDevice)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(dsc, &sc, 4, cudaMemcpyHostToDevice)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemset(da, 0, sizeof(amax))));
+		cr_assert(!NG_CUDA_CHECK(cudaMemset(dsum, 0, (size_t)CC * 4)));
+		cr_assert_eq(ng_fp8_cast_wt(fmt, dw, dt, dp, da, din, dsc, R, CC, 0), NG_OK, "%s",
+			     ng_error_message());
+		cr_assert_eq(ng_bias_grad_reduce(dsum, dp, bands, CC, 1, 0), NG_OK, "%s",
+			     ng_error_message());
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(g8, dw, n, cudaMemcpyDeviceToHost)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(gt, dt, n, cudaMemcpyDeviceToHost)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(part, dp, (size_t)bands * CC * 4,
+						    cudaMemcpyDeviceToHost)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(sum, dsum, (size_t)CC * 4,
+						    cudaMemcpyDeviceToHost)));
+		cr_assert(!NG_CUDA_CHECK(cudaMemcpy(amax, da, sizeof(amax), cudaMemcpyDeviceToHost)));
+		size_t bad = 0, badt = 0, badp = 0, bads = 0;
+		for (int rr = 0; rr < R; rr++)
+			for (int c = 0; c < CC; c++) {
+				float x = kt_bf16_to_f32(h[(size_t)rr * CC + c]) * sc;
+				uint8_t want = fmt == NG_FP8_E5M2 ? e5m2_encode_(x) : e4m3_encode_(x);
+				bad += g8[(size_t)rr * CC + c] != want;
+				badt += gt[(size_t)c * R + rr] != want;
+			}
+		for (int c = 0; c < CC; c++) {
+			double col = 0, col_abs = 0;
+			for (int b = 0; b < bands; b++) {
+				double s = 0, a = 0;
+				for (int rr = b * 64; rr < R && rr < b * 64 + 64; rr++) {
+					double x = kt_bf16_to_f32(h[(size_t)rr * CC + c]);
+					s += x, a += fabs(x);
+				}
+				double got = part[(size_t)b * CC + c];
+				if (fabs(got - s) > 63 * u32 * a && badp++ < 3)
+					cr_log_error("seed %llu R %d C %d band %d col %d: %.9g, double "
+						     "%.9g", (unsigned long long)seed, R, CC, b, c, got, s);
+				col += s, col_abs += a;
+			}
+			bads += fabs(sum[c] - col) > R * u32 * col_abs;
+		}
+		float got_max = 0;
+		for (int j = 0; j < NG_FP8_AMAX_SUB; j++)
+			got_max = fmaxf(got_max, amax[j * NG_FP8_AMAX_STRIDE]);
+		cr_expect(bad + badt == 0, "seed %llu, %s R %d C %d: %zu row-major and %zu transposed "
+			  "bytes differ", (unsigned long long)seed, fmt == NG_FP8_E5M2 ? "E5M2" : "E4M3",
+			  R, CC, bad, badt);
+		cr_expect(badp + bads == 0, "seed %llu, R %d C %d: %zu band sums and %zu column sums "
+			  "off", (unsigned long long)seed, R, CC, badp, bads);
+		cr_expect(got_max == (float)want_max, "seed %llu, R %d C %d: amax %a, want %a",
+			  (unsigned long long)seed, R, CC, (double)got_max, want_max);
+		cudaFree(bi), cudaFree(bo), cudaFree(bt), cudaFree(bs), cudaFree(bp), cudaFree(ba),
+			cudaFree(bsum);
+		free(h), free(g8), free(gt), free(part), free(sum);
+	}
+	/* no output, two segments with a maximum: argument errors, not launches */
+	float *f = (float *)(uintptr_t)256;
+	cr_expect_eq(ng_fp8_cast_wt(NG_FP8_E5M2, NULL, NULL, NULL, NULL, (const ng_bf16 *)f, f, 64,
+				    64, 0),
+		     NG_ERR_INPUT);
+	ng_clear_error();
 }
 
 /* The byte transpose (ng_transpose_u8) against a CPU loop, byte for byte: the head's 50304
