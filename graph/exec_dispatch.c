@@ -196,15 +196,19 @@ static enum ng_status run_matmul_dinp_fp8(struct ng_exec *e, const struct ng_gra
 	const int wslot = fp8_wslot(g, op), k = op->which - NG_OP_WHICH_QKV;
 	size_t rows = (size_t)op->row_count, oc = (size_t)mm->spec.OC, ic = (size_t)mm->spec.IC;
 	float *f = ng_exec_tensor_(e, g, op->in[op->n_in - 1]);
-	uint8_t *d8 = scratch;
-	enum ng_status st = ng_fp8_cast_seg(
-		NG_FP8_E5M2, d8, ng_exec_tensor_(e, g, op->in[0]),
-		f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot,
-		f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + (size_t)NG_FP8_AMAX_FLOATS * slot, rows * oc,
-		1, s);
+	/* dout in E5M2: the fp8 dW's cast wrote it (a u8 input), or cast here */
+	const int cast = g->tensors[op->in[0]].dtype != NG_DTYPE_U8;
+	uint8_t *d8 = cast ? (uint8_t *)scratch : (uint8_t *)ng_exec_tensor_(e, g, op->in[0]);
+	enum ng_status st = NG_OK;
+	if (cast)
+		st = ng_fp8_cast_seg(NG_FP8_E5M2, d8, ng_exec_tensor_(e, g, op->in[0]),
+				     f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + slot,
+				     f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) +
+					     (size_t)NG_FP8_AMAX_FLOATS * slot,
+				     rows * oc, 1, s);
 	if (st)
 		return st;
-	size_t front = ng_fp8_input_bytes(rows, oc);
+	size_t front = cast ? ng_fp8_input_bytes(rows, oc) : 0;
 	uint8_t *wt;
 	if (g->recompute_fp8) { /* in[n-2] is params_bf16: this layer's W^T to E4M3 after dout8 */
 		wt = (uint8_t *)scratch + front;
@@ -286,6 +290,45 @@ static enum ng_status run_head_dw_fp8(struct ng_exec *e, const struct ng_graph *
 				 (char *)scratch + ng_fp8_head_dw_bytes((size_t)rows, (size_t)Vp,
 									(size_t)C),
 				 s);
+}
+
+/* A layer's fp8 weight gradient (graph/step.h "FP8", NG_FP8_DW_*): one read of dout casts it to
+ * E5M2 with the dinp slot's delayed scale, transposed into the scratch (and row-major into
+ * out[1] for the dinp when given), recording its maximum and, with a bias, its column sums;
+ * inp^T in E4M3 with the forward's input scale after it; then dW (+)= dout^T x inp in the FP8
+ * GEMM, and the sums into the bias gradient. */
+static enum ng_status run_matmul_dw_fp8(struct ng_exec *e, const struct ng_graph *g,
+					const struct ng_op *op, const struct ng_matmul *mm,
+					void *scratch, cudaStream_t s)
+{
+	const int L = g->cfg.L, dslot = ng_fp8_dinp_slot(L, op->which, op->layer),
+		  xslot = ng_fp8_slot(L, op->which, op->layer);
+	if (dslot < 0 || xslot < 0 || op->n_in < 3)
+		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 dW matmul of a layer", op->name);
+	const int rows = op->row_count, ic = mm->spec.IC, oc = mm->spec.OC,
+		  bias = op->param[1] >= 0;
+	float *f = ng_exec_tensor_(e, g, op->in[2]);
+	uint8_t *dt = scratch, *xt = dt + ng_fp8_input_bytes((size_t)rows, (size_t)oc);
+	float *part = bias ? (float *)(xt + ng_fp8_input_bytes((size_t)rows, (size_t)ic)) : NULL;
+	void *ws = (char *)scratch + ng_fp8_dw_bytes((size_t)rows, (size_t)ic, (size_t)oc, bias);
+	enum ng_status st = ng_fp8_cast_wt(
+		NG_FP8_E5M2, op->n_out > 1 ? (uint8_t *)ng_exec_tensor_(e, g, op->out[1]) : NULL, dt,
+		part, f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + (size_t)NG_FP8_AMAX_FLOATS * dslot,
+		ng_exec_tensor_(e, g, op->in[0]), f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + dslot,
+		rows, oc, s);
+	if (!st)
+		st = ng_fp8_cast_e4m3_wt_seg(NULL, xt, ng_exec_tensor_(e, g, op->in[1]),
+					     f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) + xslot, rows, ic,
+					     1, s);
+	if (!st)
+		st = ng_matmul_run_fp8(
+			mm, pp(e, g, op->out[0], op->param[0], op->layer), dt, xt, NULL, NULL,
+			f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * dslot,
+			f + ng_fp8_field_at(L, NG_FP8_ACT_DESCALE) + NG_FP8_DESCALE_STRIDE * xslot, ws, s);
+	if (!st && bias)
+		st = ng_bias_grad_reduce(pp(e, g, op->out[0], op->param[1], op->layer), part,
+					 ng_fp8_colsum_rows(rows), oc, !op->overwrite, s);
+	return st;
 }
 
 /* The error for an op kind that no family implements: ng_exec_run_op_'s default, and each
@@ -463,8 +506,10 @@ static enum ng_status run_matmul_op(struct ng_exec *e, const struct ng_graph *g,
 	}
 	case NG_OP_MATMUL_DW: {
 		const struct ng_matmul *mm = &e->plans[plan].mm;
-		if (op->fp8)
+		if (op->fp8 && op->which == NG_OP_WHICH_HEAD)
 			return run_head_dw_fp8(e, g, op, mm, scratch, s);
+		if (op->fp8)
+			return run_matmul_dw_fp8(e, g, op, mm, scratch, s);
 		const ng_bf16 *inp = (const ng_bf16 *)ng_exec_tensor_(e, g, op->in[1]) +
 				     (size_t)op->row_start * mm->spec.IC;
 		int gb = op->out[0];

@@ -53,9 +53,10 @@ static struct ng_matmul_spec op_spec(const struct ng_exec *e, const struct ng_op
 	} else {
 		s.kind = NG_MATMUL_DW;
 		s.gelu = 0;
-		s.bias = op->param[1] >= 0;
+		/* fp8 (the speedrun head, NG_FP8_DW_*): no bias epilogue; the cast sums it */
+		s.bias = op->param[1] >= 0 && !op->fp8;
 		s.accumulate = !op->overwrite;
-		s.fp8 = op->fp8; /* the speedrun head's E5M2 backward */
+		s.fp8 = op->fp8;
 	}
 	return s;
 }
@@ -103,12 +104,19 @@ static size_t scratch_need(const struct ng_exec *e, const struct ng_graph *g, co
 		size_t ws = e->plans[plan].mm.workspace_need;
 		if (op->fp8 && op->which == NG_OP_WHICH_HEAD && op->kind == NG_OP_MATMUL_DINP)
 			return ws + w8; /* g8 is the loss's output */
-		if (op->fp8 && op->kind == NG_OP_MATMUL_DW)
+		if (op->fp8 && op->kind == NG_OP_MATMUL_DW && op->which == NG_OP_WHICH_HEAD)
 			return ws + ng_fp8_head_dw_bytes((size_t)op->row_count, (size_t)m->Vp,
 							 (size_t)m->C);
+		if (op->fp8 && op->kind == NG_OP_MATMUL_DW) /* a layer's: both transposes (+ sums) */
+			return ws + ng_fp8_dw_bytes((size_t)op->row_count,
+						    (size_t)e->plans[plan].spec.IC,
+						    (size_t)e->plans[plan].spec.OC, op->param[1] >= 0);
 		if (op->fp8 && op->kind == NG_OP_MATMUL_DINP)
-			return ws + w8 + ng_fp8_input_bytes((size_t)op->row_count,
-							    (size_t)e->plans[plan].spec.OC);
+			return ws + w8 +
+			       (g->tensors[op->in[0]].dtype == NG_DTYPE_U8 /* dout in E5M2 already */
+					? 0
+					: ng_fp8_input_bytes((size_t)op->row_count,
+							     (size_t)e->plans[plan].spec.OC));
 		return ws + w8 +
 		       (op->fp8 && op->n_in - op->residual < 5
 				? ng_fp8_input_bytes((size_t)op->row_count,
@@ -249,7 +257,7 @@ static struct ng_step_options step_options(const struct ng_exec_config *cfg)
 		opt.fp8 &= ~NG_FP8_FC;
 	if (opt.deterministic && (opt.fp8 & NG_FP8_AUTO)) /* untimed: the kinds that widen */
 		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD | NG_FP8_DINP_FCPROJ |
-				      NG_FP8_HEAD_BWD)) |
+				      NG_FP8_HEAD_BWD | NG_FP8_DW_ALL)) |
 			  NG_FP8_AUTO;
 	return opt;
 }
@@ -297,7 +305,8 @@ static enum ng_status choose_forms(struct ng_exec *e, struct ng_step_options *op
 		st = ng_exec_choose_fp8_(e, (opt->fuse_gelu & NG_GELU_FUSE_FWD) != 0,
 					 (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,
 					 e->train.head_chunk_rows, rep->fp8_ms, &mask);
-		opt->fp8 = mask | keep | NG_FP8_AUTO;
+		/* --fp8-dw is not timed: its kinds follow their forward's choice */
+		opt->fp8 = mask | keep | NG_FP8_AUTO | (opt->fp8 & NG_FP8_DW_ALL);
 	}
 	if (!st && !opt->deterministic &&
 	    ((opt->fuse_gelu & NG_GELU_FUSE_AUTO) || (opt->fp8 & NG_FP8_AUTO))) {

@@ -17,7 +17,7 @@
 /* Elements per host staging chunk of the split master (2 x 2 bytes each: 64 MiB). */
 #define SPLIT_CHUNK ((size_t)1 << 24)
 
-/* --fp8 dinp: before any step has recorded a gradient maximum, an E5M2 scale of 1 would flush
+/* --fp8 dinp and dW: before any step has recorded a gradient maximum, an E5M2 scale of 1 would flush
  * the first steps' gradients to zero (the loss is a mean over the N*K tokens of a step, so they
  * are ~1/(N*K) small; E5M2's smallest is 2^-16). Each gradient slot's history starts with the
  * maximum that gives the scale N*K (undoing the mean) instead; the real maxima replace it as it
@@ -60,7 +60,7 @@ enum ng_status ng_exec_reset_state_(struct ng_exec *e)
 	for (int i = 0; i < 5 && !st && zero[i] >= 0; i++)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, zero[i]), 0, g->tensors[zero[i]].bytes,
 						   e->stream));
-	if (!st && (g->fp8 & NG_FP8_DINP_ALL))
+	if (!st && (g->fp8 & (NG_FP8_DINP_ALL | NG_FP8_DW_ALL)))
 		st = ng_exec_seed_grad_scales_(e, g);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));
@@ -251,7 +251,7 @@ enum ng_status ng_exec_restore(struct ng_exec *e, const float *params, const flo
 	if (!st && g->t_fp8_state >= 0)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(ng_exec_tensor_(e, g, g->t_fp8_state), 0,
 						   g->tensors[g->t_fp8_state].bytes, e->stream));
-	if (!st && (g->fp8 & NG_FP8_DINP_ALL))
+	if (!st && (g->fp8 & (NG_FP8_DINP_ALL | NG_FP8_DW_ALL)))
 		st = ng_exec_seed_grad_scales_(e, g);
 	if (!st)
 		st = NG_CUDA_CHECK(cudaStreamSynchronize(e->stream));

@@ -63,7 +63,8 @@
  *                     fp8 = 1 (a layer kind in NG_FP8_DINP_*): also in, last: params_fp8t
  *                     (--recompute fp8: params_bf16, W^T cast in the scratch), fp8_state; dout
  *                     is cast to E5M2 at the front of the scratch (the slot's delayed scale,
- *                     recording its maximum) and multiplied by W^T in E4M3.
+ *                     recording its maximum) and multiplied by W^T in E4M3; when in[0] is a
+ *                     u8 tensor it is that E5M2 dout already (an fp8 MATMUL_DW's out[1]).
  *                     own = 1 (FCPROJ, gelu = 1; --gelu-fusion own, unless --fp8 made this
  *                     dinp fp8): our own GEMM (kernels/gemm_sm90.h); in[1] is then
  *                     TRANSPOSE_W's wt (this layer's W^T at layer * IC * OC); out[1] grads:
@@ -73,6 +74,10 @@
  *   MATMUL_DW         in: dout (rows, OC) bf16, inp (N, IC) bf16. out: grads (fp32 +=: weight
  *                     AND bias grad; HEAD: wte only, rows of inp as MATMUL_FWD HEAD).
  *                     attr which, layer, param, row range for HEAD.
+ *                     A layer kind with fp8 = 1 (NG_FP8_DW_*, graph/step.h "FP8"): also in[2]
+ *                     fp8_state; dout^T in E5M2 and inp^T in E4M3 in its scratch, with a bias
+ *                     the column sums of dout there too; optional out[1]: dout (rows, OC) in
+ *                     E5M2 (u8) for the fp8 MATMUL_DINP that follows.
  *                     The speedrun head with fp8 = 1 (graph/step.h "FP8", NG_FP8_HEAD_BWD):
  *                     MATMUL_DINP in: g8 (rows x Vp E5M2 bytes and the descale after them),
  *                     params_fp8t (--recompute fp8: params_bf16), fp8_state; MATMUL_DW in: g8,

@@ -258,6 +258,8 @@ size_t ng_bld_fp8_dinp(struct ng_bld *b, struct ng_op *op)
 	if (!(g->fp8 & ng_fp8_dinp_bit(op->which)))
 		return 0;
 	size_t w8 = ng_bld_fp8_weights(b, op, 1);
+	if (g->tensors[op->in[0]].dtype == NG_DTYPE_U8) /* an fp8 dW's E5M2 dout: no cast */
+		return w8;
 	int ic, oc;
 	ng_linear_dims(&g->cfg, op->which, &ic, &oc);
 	return ng_fp8_input_bytes((size_t)op->row_count, (size_t)oc) + w8; /* dout is (N, OC) */
@@ -470,17 +472,44 @@ static int ln_for_bwd(struct ng_bld *b, enum ng_op_which w, int l, int x, int st
 	return ln;
 }
 
-/* The weight gradient of a full-rows linear layer, and its bias gradient unless bias is 0 (the
- * FC layer's when GELU_BWD sums it). */
-static void matmul_dw(struct ng_bld *b, enum ng_op_which w, int l, int dout, int inp, int bias)
+/* An fp8 weight gradient for this layer kind (graph/step.h "FP8", NG_FP8_DW_*): its forward is
+ * fp8 too (the input's scale), and the rows come in whole 16-row groups (cuBLASLt's FP8 GEMM). */
+static int dw_fp8(const struct ng_bld *b, enum ng_op_which w)
 {
+	const struct ng_graph *g = b->g;
+	return (g->fp8 & ng_fp8_dw_bit(w)) && (g->fp8 & ng_fp8_bit(w)) && b->N % 16 == 0;
+}
+
+/* The weight gradient of a full-rows linear layer, and its bias gradient unless bias is 0 (the
+ * FC layer's when GELU_BWD sums it). In fp8 (dw_fp8), with `share` (the kind's dinp matmul
+ * comes next) and that dinp fp8 too, the cast also writes dout in E5M2 for it: returns that
+ * tensor ("dout8.<kind>"), which the dinp reads instead of dout; else -1. */
+static int matmul_dw(struct ng_bld *b, enum ng_op_which w, int l, int dout, int inp, int bias,
+		     int share)
+{
+	static const char *const dout8[4] = { "dout8.qkv", "dout8.attproj", "dout8.fc",
+					      "dout8.fcproj" };
 	struct ng_graph *g = b->g;
 	struct ng_op op = mk(NG_OP_MATMUL_DW, w, l, IN(dout, inp), OUT(g->t_grads));
 	op.row_count = (int)b->N;
 	which_params(w, op.param);
 	if (!bias)
 		op.param[1] = -1;
-	emit(b, &op, b->ws.matmul);
+	int d8 = -1;
+	size_t front = 0;
+	if (dw_fp8(b, w)) {
+		int ic, oc;
+		ng_linear_dims(&g->cfg, w, &ic, &oc);
+		op.fp8 = 1;
+		op.in[op.n_in++] = g->t_fp8_state;
+		if (share && (g->fp8 & ng_fp8_dinp_bit(w))) {
+			d8 = lact(b, l, dout8[w - NG_OP_WHICH_QKV], NG_DTYPE_U8, 2, b->N, (size_t)oc, 1);
+			op.out[op.n_out++] = d8;
+		}
+		front = ng_fp8_dw_bytes(b->N, (size_t)ic, (size_t)oc, op.param[1] >= 0);
+	}
+	emit(b, &op, b->ws.matmul + front);
+	return d8;
 }
 
 /* The input gradient of a full-rows linear layer (through the DGELU epilogue when aux >= 0). */
@@ -499,8 +528,8 @@ static void matmul_dinp(struct ng_bld *b, enum ng_op_which w, int l, int dout, i
 static void matmul_bwd(struct ng_bld *b, enum ng_op_which w, int l, int dout, int inp, int dinp,
 		       int aux)
 {
-	matmul_dw(b, w, l, dout, inp, 1);
-	matmul_dinp(b, w, l, dout, dinp, aux);
+	int d8 = matmul_dw(b, w, l, dout, inp, 1, 1);
+	matmul_dinp(b, w, l, d8 >= 0 ? d8 : dout, dinp, aux);
 }
 
 static void layernorm_bwd(struct ng_bld *b, enum ng_op_which w, int l, int dln, int x, int mean,
@@ -564,7 +593,7 @@ static void build_backward(struct ng_bld *b, const struct fwd_out *f, int dlnf)
 			op.param[0] = NG_P_FCPROJW;
 			op.param[1] = NG_P_FCB; /* the bias whose gradient it writes */
 			emit(b, &op, b->ws.matmul);
-			matmul_dw(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, 1);
+			matmul_dw(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, 1, 0);
 		} else if (fused_bwd) {
 			matmul_bwd(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, dfch, a->fch);
 		} else {
@@ -581,12 +610,12 @@ static void build_backward(struct ng_bld *b, const struct fwd_out *f, int dlnf)
 			op.param[0] = NG_P_FCB;
 			op.row_count = (int)b->N;
 			emit(b, &op, b->ws.gelu_bwd);
-			matmul_dw(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, 1);
+			matmul_dw(b, NG_OP_WHICH_FCPROJ, l, dresid, gelu_out, 1, 0);
 		}
 		int ln2 = ln_for_bwd(b, NG_OP_WHICH_LN2, l, a->resid1, a->ln2, a->mean2, a->rstd2);
 		int dln2 = lact(b, l, "dln2", NG_DTYPE_BF16, 3, B, T, C);
-		matmul_dw(b, NG_OP_WHICH_FC, l, dfch, ln2, fused_bwd && !own);
-		matmul_dinp(b, NG_OP_WHICH_FC, l, dfch, dln2, -1);
+		int dfch8 = matmul_dw(b, NG_OP_WHICH_FC, l, dfch, ln2, fused_bwd && !own, 1);
+		matmul_dinp(b, NG_OP_WHICH_FC, l, dfch8 >= 0 ? dfch8 : dfch, dln2, -1);
 		layernorm_bwd(b, NG_OP_WHICH_LN2, l, dln2, a->resid1, a->mean2, a->rstd2, dresid);
 		/* attention: proj, SDPA, qkv */
 		int datty = lact(b, l, "datty", NG_DTYPE_BF16, 3, B, T, C);
@@ -697,6 +726,10 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 	int fp8 = opt.fp8 & NG_FP8_EVERY;
 	if (cfg->arch == NG_ARCH_SPEEDRUN && (opt.fp8 & NG_FP8_HEAD))
 		fp8 |= opt.fp8 & NG_FP8_HEAD_BWD;
+	/* fp8 weight gradients: the GPT-2 family's layers (the speedrun's stay bf16), of the
+	 * kinds whose forward is fp8 (the input's scale) */
+	if (cfg->arch != NG_ARCH_SPEEDRUN)
+		fp8 |= opt.fp8 & (fp8 & (NG_FP8_ALL & ~NG_FP8_HEAD)) << NG_FP8_DW_SHIFT;
 	/* the fused relu^2 forward is bf16 (our own GEMM) */
 	if (g->fuse_relu2)
 		fp8 &= ~NG_FP8_FC;

@@ -62,7 +62,17 @@ extern "C" {
  *  - Input gradients (NG_FP8_DINP_*): the dinp matmul of a layer kind multiplies dout, cast to
  *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
- *    forward's weight scale, so both share the weight descale). The dW matmuls stay bf16.
+ *    forward's weight scale, so both share the weight descale).
+ *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw), for a layer kind whose forward is fp8
+ *    and a step of B x T a multiple of 16 rows: the dW matmul multiplies dout^T in E5M2 (the
+ *    dinp's slot and scale) by inp^T in E4M3 (the forward's slot and scale, so the bytes are the
+ *    forward's input, transposed), fp32 out. Its scratch takes both transposes and, with a
+ *    bias, the column sums of dout that the same cast reads (kernels/fp8.h ng_fp8_cast_wt;
+ *    cuBLASLt's FP8 GEMM has no bias-gradient epilogue), reduced into the bias gradient after
+ *    the matmul. Where the dinp of the kind is fp8 and comes next (all but the FC-proj when
+ *    the GELU backward is not fused), the same cast also writes dout in E5M2 row-major as
+ *    "dout8.<kind>" (u8, N x OC), which the dinp matmul reads instead of casting: one read of
+ *    dout for both.
  *  - The speedrun head's backward (NG_FP8_HEAD_BWD, with NG_FP8_HEAD; the speedrun family
  *    only): the soft-capped loss writes its gradient as g8 = E5M2(dz x NG_SPR_HEAD_GSCALE), a
  *    static scale as the speedrun's reference (|dz| <= cap / (4 div) = 0.036 keeps it below
@@ -81,8 +91,11 @@ enum ng_fp8_kinds { NG_FP8_QKV = 1, NG_FP8_ATTPROJ = 2, NG_FP8_FC = 4, NG_FP8_FC
 		    NG_FP8_HEAD = 16, NG_FP8_ALL = 31, NG_FP8_AUTO = 32,
 		    NG_FP8_DINP_QKV = 64, NG_FP8_DINP_ATTPROJ = 128, NG_FP8_DINP_FC = 256,
 		    NG_FP8_DINP_FCPROJ = 512, NG_FP8_DINP_ALL = 960,
-		    NG_FP8_EVERY = NG_FP8_ALL | NG_FP8_DINP_ALL, NG_FP8_HEAD_BWD = 1024 };
+		    NG_FP8_EVERY = NG_FP8_ALL | NG_FP8_DINP_ALL, NG_FP8_HEAD_BWD = 1024,
+		    NG_FP8_DW_QKV = 2048, NG_FP8_DW_ATTPROJ = 4096, NG_FP8_DW_FC = 8192,
+		    NG_FP8_DW_FCPROJ = 16384, NG_FP8_DW_ALL = 30720 };
 #define NG_FP8_DINP_SHIFT 6 /* dinp bit of a layer kind = its forward bit << 6 */
+#define NG_FP8_DW_SHIFT 11  /* dW bit of a layer kind = its forward bit << 11 */
 static inline int ng_fp8_bit(enum ng_op_which w)
 {
 	if (w == NG_OP_WHICH_HEAD)
@@ -94,6 +107,10 @@ static inline int ng_fp8_bit(enum ng_op_which w)
 static inline int ng_fp8_dinp_bit(enum ng_op_which w)
 {
 	return w == NG_OP_WHICH_HEAD ? 0 : ng_fp8_bit(w) << NG_FP8_DINP_SHIFT;
+}
+static inline int ng_fp8_dw_bit(enum ng_op_which w)
+{
+	return w == NG_OP_WHICH_HEAD ? 0 : ng_fp8_bit(w) << NG_FP8_DW_SHIFT;
 }
 #define NG_FP8_ACT_AMAX_SUB 32    /* an activation maximum: NG_FP8_AMAX_SUB floats, */
 #define NG_FP8_ACT_AMAX_STRIDE 32 /* NG_FP8_AMAX_STRIDE apart (kernels/fp8.h) */
@@ -184,6 +201,14 @@ static inline size_t ng_fp8_input_bytes(size_t rows, size_t ic)
 static inline size_t ng_fp8_head_dw_bytes(size_t rows, size_t Vp, size_t C)
 {
 	return ng_fp8_input_bytes(rows, Vp) + ng_fp8_input_bytes(rows, C);
+}
+/* Bytes in front of the cuBLASLt workspace in the scratch of a layer's fp8 dW over `rows` rows:
+ * dout^T (OC, rows) in E5M2, inp^T (IC, rows) in E4M3, then with a bias the column sums of
+ * dout, one row of OC floats a band of 64 rows (kernels/fp8.h ng_fp8_cast_wt). */
+static inline size_t ng_fp8_dw_bytes(size_t rows, size_t ic, size_t oc, int bias)
+{
+	size_t part = bias ? ((rows + 63) / 64 * oc * 4 + 255) / 256 * 256 : 0;
+	return ng_fp8_input_bytes(rows, oc) + ng_fp8_input_bytes(rows, ic) + part;
 }
 
 /* Workspace sizes in bytes; estimates made without a GPU. */

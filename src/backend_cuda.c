@@ -169,7 +169,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
 	c->step.head_chunk_rows = (int)o->head_chunk;
 	c->gpu_mem = (size_t)(o->gpu_mem_gib * 1073741824.0);
-	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO : 0;
+	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO | (o->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
 	/* the speedrun model's head is FP8 as its reference's (on GPUs that have it: exec.c) */
 	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && !o->fp8 && !o->head_bf16)
 		c->step.fp8 = NG_FP8_HEAD;
@@ -280,6 +280,15 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			timed |= rep.fp8_ms[k][0] >= 0;
 		}
 		fprintf(log, "%s", any ? "" : " none");
+		if (g->fp8 & NG_FP8_DW_ALL) { /* --fp8-dw: where the kind's forward is fp8 */
+			fprintf(log, "; weight gradients (dW) in E5M2 x E4M3:");
+			any = 0;
+			for (int k = 0; k < 4; k++)
+				if ((g->fp8 & 1 << (k + NG_FP8_DW_SHIFT)) && (g->fp8 & 1 << k) &&
+				    (g->B * g->T) % 16 == 0)
+					fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
+			fprintf(log, "%s", any ? "" : " none (their forward matmuls are bf16)");
+		}
 		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");
 			for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)

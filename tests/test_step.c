@@ -77,6 +77,7 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 	o->deterministic = (int)ng_rng_below(&rng_, 2);
 	o->fp8 = (int)ng_rng_below(&rng_, 33); /* NG_FP8_* bits, 32 = AUTO alone: none */
 	o->fp8 |= (int)ng_rng_below(&rng_, 16) << NG_FP8_DINP_SHIFT;
+	o->fp8 |= (int)ng_rng_below(&rng_, 16) << NG_FP8_DW_SHIFT;
 	if (o->fp8 & NG_FP8_EVERY)
 		fp8_fit(c);
 	o->head_chunk_rows = ng_rng_below(&rng_, 3) == 0 ? 0
@@ -643,6 +644,86 @@ Test(step, fp8_graphs, .init = setup_)
 		ng_graph_free(&sa);
 		ng_graph_free(&plain);
 	}
+}
+
+/* --fp8-dw (NG_FP8_DW_*) with random kinds: a layer's dW matmul is fp8 exactly where its kind's
+ * dW and forward bits are both set and the rows come in whole 16-row groups; then its inputs are
+ * dout, inp and fp8_state, its scratch holds both transposes (and the bias's column sums) in
+ * front of the workspace, and where the kind's fp8 dinp comes after it, the two share one cast:
+ * the dW's out[1] is dout in E5M2 (u8, rows x OC) and that dinp's in[0]. The graph keeps only
+ * the dW bits whose forward is fp8. */
+Test(step, fp8_dw_graphs, .init = setup_)
+{
+	int shared = 0, fp8_dw = 0;
+	for (int rep = 0; rep < 60; rep++) {
+		struct ng_gpt_config c;
+		struct ng_step_options o;
+		int B, T, K;
+		random_case(&c, &B, &T, &K, &o);
+		fp8_fit(&c);
+		if (rep % 3 == 0 && c.T >= 16) /* whole 16-row groups */
+			T = 16 * (1 + (int)ng_rng_below(&rng_, (uint64_t)c.T / 16));
+		int fwd = (int)ng_rng_below(&rng_, 16), dinp = (int)ng_rng_below(&rng_, 16),
+		    dw = 1 + (int)ng_rng_below(&rng_, 15);
+		o.fp8 = fwd | dinp << NG_FP8_DINP_SHIFT | dw << NG_FP8_DW_SHIFT;
+		if (!(o.fp8 & NG_FP8_EVERY))
+			o.fp8 |= NG_FP8_QKV;
+		struct ng_graph g;
+		cr_assert_eq(ng_step_build_train(&g, &c, B, T, K, &o), NG_OK, "seed %llu: %s",
+			     (unsigned long long)seed_, ng_error_message());
+		const int live = o.fp8 & NG_FP8_ALL & ~NG_FP8_HEAD;
+		cr_assert_eq(g.fp8 & NG_FP8_DW_ALL, (dw & live) << NG_FP8_DW_SHIFT, "seed %llu",
+			     (unsigned long long)seed_);
+		for (int i = 0; i < g.n_ops; i++) {
+			const struct ng_op *op = &g.ops[i];
+			if (op->kind != NG_OP_MATMUL_DW || op->which == NG_OP_WHICH_HEAD)
+				continue;
+			const int want = (g.fp8 & ng_fp8_dw_bit(op->which)) && (B * T) % 16 == 0;
+			cr_assert_eq(op->fp8, want, "seed %llu: %s (fp8 %d, %d rows)",
+				     (unsigned long long)seed_, op->name, o.fp8, B * T);
+			if (!want) {
+				cr_assert_eq(op->n_in, 2, "%s", op->name);
+				cr_assert_eq(op->n_out, 1, "%s", op->name);
+				continue;
+			}
+			fp8_dw++;
+			cr_assert_eq(op->n_in, 3, "%s", op->name);
+			cr_assert_eq(op->in[2], g.t_fp8_state, "%s", op->name);
+			int ic, oc;
+			ng_linear_dims(&c, op->which, &ic, &oc);
+			cr_assert_geq(g.tensors[op->scratch].bytes,
+				      ng_fp8_dw_bytes((size_t)op->row_count, (size_t)ic, (size_t)oc,
+						      op->param[1] >= 0),
+				      "%s", op->name);
+			/* the kind's dinp in the same micro-batch and layer, and whether it follows */
+			int di = -1;
+			for (int j = 0; j < g.n_ops; j++)
+				if (g.ops[j].kind == NG_OP_MATMUL_DINP &&
+				    g.ops[j].which == op->which && g.ops[j].layer == op->layer &&
+				    g.ops[j].micro == op->micro)
+					di = j;
+			cr_assert_geq(di, 0, "%s has no dinp", op->name);
+			const struct ng_op *d = &g.ops[di];
+			const int share = d->fp8 && di > i;
+			cr_assert_eq(op->n_out, share ? 2 : 1, "seed %llu: %s (dinp %s at %d, fp8 %d)",
+				     (unsigned long long)seed_, op->name, d->name, di, d->fp8);
+			if (!share) {
+				cr_assert_neq(g.tensors[d->in[0]].dtype, NG_DTYPE_U8, "%s", d->name);
+				continue;
+			}
+			shared++;
+			const struct ng_tensor *t8 = &g.tensors[op->out[1]];
+			cr_assert(t8->dtype == NG_DTYPE_U8 && t8->bytes == (size_t)B * T * oc,
+				  "%s: %s", op->name, t8->name);
+			cr_assert_eq(d->in[0], op->out[1], "%s reads %s", d->name,
+				     g.tensors[d->in[0]].name);
+			cr_assert_eq(t8->first_op, i);
+			cr_assert_eq(t8->last_op, di, "%s: %s", op->name, t8->name);
+		}
+		ng_graph_free(&g);
+	}
+	cr_assert_gt(fp8_dw, 0, "seed %llu: no fp8 dW in 60 graphs", (unsigned long long)seed_);
+	cr_assert_gt(shared, 0, "seed %llu: no shared cast in 60 graphs", (unsigned long long)seed_);
 }
 
 Test(step, bad_sizes_are_input_errors)

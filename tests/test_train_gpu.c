@@ -100,8 +100,9 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	struct ng_exec_config c;
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
 	c.step.fuse_gelu = fuse;
-	c.step.fp8 = fp8 ? NG_FP8_EVERY : 0; /* every kind, untimed */
-	c.step.recompute_fp8 = fp8 == 2;     /* 2: the matmuls cast their own weights */
+	/* every kind, untimed; 3: the weight gradients too (--fp8-dw) */
+	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) : 0;
+	c.step.recompute_fp8 = fp8 == 2; /* 2: the matmuls cast their own weights */
 	c.step.recompute_gelu = recompute_gelu != 0;
 	if (recompute_gelu == 2) {
 		c.step.keep_gelu = 1;
@@ -112,13 +113,16 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	 * to E4M3 (unit roundoff u8 = 2^-4), a relative error of about sqrt(2/3) u8 = 0.051 per
 	 * matmul output, and the loss (near log V at init, its logits small) 2e-2. The dinp
 	 * matmuls round dout to E5M2 (u5 = 2^-3) and W to E4M3: sqrt((u5^2 + u8^2) / 3) = 0.081
-	 * per input gradient, which the backward carries down into every gradient: 4x that */
+	 * per input gradient, which the backward carries down into every gradient: 4x that. The
+	 * fp8 dW matmuls (3) round dout to E5M2 and the input to E4M3: the same 0.081 per weight
+	 * gradient, inside that bound */
 	const double tol_grad = fp8 ? 0.33 : 4e-2, tol_loss = fp8 ? 2e-2 : 1e-2;
 	struct ng_exec e;
 	enum ng_status st = ng_exec_init(&e, &c, NULL);
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
 	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s%s): planned, %s\n",
-		ng_step_gelu_fusion_name(e.train.fuse_gelu), fp8 ? ", fp8" : "",
+		ng_step_gelu_fusion_name(e.train.fuse_gelu),
+		fp8 == 3 ? ", fp8 with dW" : fp8 ? ", fp8" : "",
 		recompute_gelu == 2 ? ", --recompute gelu,layernorm in layer 0 only"
 		: recompute_gelu ? ", --recompute gelu" : "", ng_attention_describe(&e.att));
 
@@ -246,7 +250,7 @@ static void sm_version(int *major, int *minor)
 	cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
 }
 
-/* --fp8: the E4M3 forward and the E5M2 x E4M3 dinp against the same double reference, with the fp8 bounds above; a GPU
+/* --fp8: the E4M3 forward and the E5M2 x E4M3 dinp (and with --fp8-dw the dW) against the same double reference, with the fp8 bounds above; a GPU
  * without FP8 (before sm_89) must refuse it at init with NG_ERR_INPUT, which is a skip. */
 Test(train_gpu, fp8_step_matches_cpu_reference)
 {
@@ -266,6 +270,10 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 1, 0);
 	step_matches(NG_GELU_FUSE_FWD, 1, 0);
 	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 2, 0);
+	/* --fp8-dw: each dW shares its cast with the dinp after it; unfused, the fcproj dW
+	 * comes after its dinp and casts dout again */
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 3, 0);
+	step_matches(NG_GELU_FUSE_FWD, 3, 0);
 }
 
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
@@ -274,8 +282,9 @@ static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 	struct ng_exec_config c;
 	tiny_config(&c, T, 128, 2, 512, 2, 2);
 	c.deterministic = 1;
-	c.step.fp8 = fp8 ? NG_FP8_EVERY : 0; /* every kind, untimed */
-	c.step.recompute_fp8 = fp8 == 2;     /* 2: --recompute fp8 */
+	/* every kind, untimed; 3: the weight gradients too (--fp8-dw) */
+	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) : 0;
+	c.step.recompute_fp8 = fp8 == 2; /* 2: --recompute fp8 */
 	c.no_graph = no_graph;
 	c.sched.total = steps;
 	c.muon.total = steps;
@@ -327,9 +336,30 @@ Test(train_gpu, graph_equals_eager_deterministic)
 	}
 }
 
+/* Graph (g) and eager (e) runs of the same configuration agree bit for bit at every step, and
+ * the loss follows the bf16 run's (r): each step within 2e-2 relative (the bound of
+ * fp8_step_matches_cpu_reference), and falling. Returns the worst relative gap. */
+static double follows_bf16(const char *what, const float *g, const float *e, const float *r,
+			   int steps)
+{
+	double worst = 0;
+	for (int i = 0; i < steps; i++) {
+		cr_expect(memcmp(&g[i], &e[i], sizeof(float)) == 0, "%s step %d: graph %.9g eager "
+			  "%.9g", what, i + 1, g[i], e[i]);
+		double d = fabs(g[i] - r[i]) / r[i];
+		worst = d > worst ? d : worst;
+	}
+	cr_expect(worst < 2e-2, "%s loss strays from bf16's by %.3e (relative)", what, worst);
+	cr_expect(g[steps - 1] < g[0], "%s: loss did not fall: %g -> %g", what, g[0], g[steps - 1]);
+	printf("%s graph vs eager: %d steps bit-identical, loss %.4f -> %.4f (bf16 %.4f -> %.4f, "
+	       "worst relative gap %.2e)\n", what, steps, g[0], g[steps - 1], r[0], r[steps - 1],
+	       worst);
+	return worst;
+}
+
 /* --fp8 over 20 steps: the scales roll from step to step inside the graph, so graph and eager
- * must still agree bit for bit, and so must --recompute fp8 (each matmul casts its weights), and the loss must follow the bf16 run's: each step's loss
- * within 2e-2 relative (the bound of fp8_step_matches_cpu_reference), and falling. */
+ * must still agree bit for bit, and so must --recompute fp8 (each matmul casts its weights), and
+ * the loss must follow the bf16 run's (follows_bf16); the same with --fp8-dw. */
 Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 {
 	if (ng_cuda_device_count() == 0)
@@ -339,25 +369,18 @@ Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 	if (major * 10 + minor < 89)
 		cr_skip_test("no FP8 on sm_%d%d", major, minor);
 	enum { STEPS = 20 };
-	float a[STEPS], b[STEPS], r[STEPS], w[STEPS];
+	float a[STEPS], b[STEPS], r[STEPS], w[STEPS], dg[STEPS], de[STEPS];
 	run_losses(0, 128, a, STEPS, 1);
 	run_losses(1, 128, b, STEPS, 1);
 	run_losses(0, 128, r, STEPS, 0);
 	run_losses(0, 128, w, STEPS, 2); /* weights cast at each use: the same bytes */
+	run_losses(0, 128, dg, STEPS, 3); /* --fp8-dw */
+	run_losses(1, 128, de, STEPS, 3);
 	for (int i = 0; i < STEPS; i++)
 		cr_expect(memcmp(&a[i], &w[i], sizeof(float)) == 0, "fp8 step %d: copies %.9g, "
 			  "--recompute fp8 %.9g", i + 1, a[i], w[i]);
-	double worst = 0;
-	for (int i = 0; i < STEPS; i++) {
-		cr_expect(memcmp(&a[i], &b[i], sizeof(float)) == 0, "fp8 step %d: graph %.9g eager "
-			  "%.9g", i + 1, a[i], b[i]);
-		double d = fabs(a[i] - r[i]) / r[i];
-		worst = d > worst ? d : worst;
-	}
-	cr_expect(worst < 2e-2, "fp8 loss strays from bf16's by %.3e (relative)", worst);
-	cr_expect(a[STEPS - 1] < a[0], "fp8: loss did not fall: %g -> %g", a[0], a[STEPS - 1]);
-	printf("fp8 graph vs eager: %d steps bit-identical, loss %.4f -> %.4f (bf16 %.4f -> %.4f, "
-	       "worst relative gap %.2e)\n", STEPS, a[0], a[STEPS - 1], r[0], r[STEPS - 1], worst);
+	follows_bf16("fp8", a, b, r, STEPS);
+	follows_bf16("fp8 with dW", dg, de, r, STEPS);
 }
 
 /* --optimizer muon: one step of the GPU graph, the gradients against the CPU reference as above,
