@@ -265,6 +265,28 @@ size_t ng_bld_fp8_dinp(struct ng_bld *b, struct ng_op *op)
 	return ng_fp8_input_bytes((size_t)op->row_count, (size_t)oc) + w8; /* dout is (N, OC) */
 }
 
+size_t ng_bld_fp8_dw(struct ng_bld *b, struct ng_op *op, int share, int *d8)
+{
+	static const char *const dout8[4] = { "dout8.qkv", "dout8.attproj", "dout8.fc",
+					      "dout8.fcproj" };
+	struct ng_graph *g = b->g;
+	const enum ng_op_which w = op->which;
+	*d8 = -1;
+	/* the kind's forward is fp8 too (g->fp8 keeps no dW bit without it): the input's scale */
+	if (!(g->fp8 & ng_fp8_dw_bit(w)) || b->N % 16)
+		return 0;
+	int ic, oc;
+	ng_linear_dims(&g->cfg, w, &ic, &oc);
+	op->fp8 = 1;
+	op->in[op->n_in++] = g->t_fp8_state;
+	if (share && (g->fp8 & ng_fp8_dinp_bit(w))) {
+		*d8 = lact(b, op->layer, dout8[w - NG_OP_WHICH_QKV], NG_DTYPE_U8, 2, b->N,
+			   (size_t)oc, 1);
+		op->out[op->n_out++] = *d8;
+	}
+	return ng_fp8_dw_bytes(b->N, (size_t)ic, (size_t)oc, op->param[1] >= 0);
+}
+
 void ng_bld_fp8_prep(struct ng_bld *b)
 {
 	struct ng_graph *g = b->g;
@@ -472,42 +494,20 @@ static int ln_for_bwd(struct ng_bld *b, enum ng_op_which w, int l, int x, int st
 	return ln;
 }
 
-/* An fp8 weight gradient for this layer kind (graph/step.h "FP8", NG_FP8_DW_*): its forward is
- * fp8 too (the input's scale), and the rows come in whole 16-row groups (cuBLASLt's FP8 GEMM). */
-static int dw_fp8(const struct ng_bld *b, enum ng_op_which w)
-{
-	const struct ng_graph *g = b->g;
-	return (g->fp8 & ng_fp8_dw_bit(w)) && (g->fp8 & ng_fp8_bit(w)) && b->N % 16 == 0;
-}
-
 /* The weight gradient of a full-rows linear layer, and its bias gradient unless bias is 0 (the
- * FC layer's when GELU_BWD sums it). In fp8 (dw_fp8), with `share` (the kind's dinp matmul
- * comes next) and that dinp fp8 too, the cast also writes dout in E5M2 for it: returns that
- * tensor ("dout8.<kind>"), which the dinp reads instead of dout; else -1. */
+ * FC layer's when GELU_BWD sums it). In fp8 (ng_bld_fp8_dw), with `share` (the kind's dinp
+ * matmul comes next): the E5M2 dout for that dinp, or -1. */
 static int matmul_dw(struct ng_bld *b, enum ng_op_which w, int l, int dout, int inp, int bias,
 		     int share)
 {
-	static const char *const dout8[4] = { "dout8.qkv", "dout8.attproj", "dout8.fc",
-					      "dout8.fcproj" };
 	struct ng_graph *g = b->g;
 	struct ng_op op = mk(NG_OP_MATMUL_DW, w, l, IN(dout, inp), OUT(g->t_grads));
 	op.row_count = (int)b->N;
 	which_params(w, op.param);
 	if (!bias)
 		op.param[1] = -1;
-	int d8 = -1;
-	size_t front = 0;
-	if (dw_fp8(b, w)) {
-		int ic, oc;
-		ng_linear_dims(&g->cfg, w, &ic, &oc);
-		op.fp8 = 1;
-		op.in[op.n_in++] = g->t_fp8_state;
-		if (share && (g->fp8 & ng_fp8_dinp_bit(w))) {
-			d8 = lact(b, l, dout8[w - NG_OP_WHICH_QKV], NG_DTYPE_U8, 2, b->N, (size_t)oc, 1);
-			op.out[op.n_out++] = d8;
-		}
-		front = ng_fp8_dw_bytes(b->N, (size_t)ic, (size_t)oc, op.param[1] >= 0);
-	}
+	int d8;
+	size_t front = ng_bld_fp8_dw(b, &op, share, &d8);
 	emit(b, &op, b->ws.matmul + front);
 	return d8;
 }
@@ -726,10 +726,9 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 	int fp8 = opt.fp8 & NG_FP8_EVERY;
 	if (cfg->arch == NG_ARCH_SPEEDRUN && (opt.fp8 & NG_FP8_HEAD))
 		fp8 |= opt.fp8 & NG_FP8_HEAD_BWD;
-	/* fp8 weight gradients: the GPT-2 family's layers (the speedrun's stay bf16), of the
-	 * kinds whose forward is fp8 (the input's scale) */
-	if (cfg->arch != NG_ARCH_SPEEDRUN)
-		fp8 |= opt.fp8 & (fp8 & (NG_FP8_ALL & ~NG_FP8_HEAD)) << NG_FP8_DW_SHIFT;
+	/* fp8 weight gradients of the layer kinds whose forward is fp8 (the input's scale; after
+	 * the fused relu^2 took the FC forward out) */
+	fp8 |= opt.fp8 & (fp8 & (NG_FP8_ALL & ~NG_FP8_HEAD)) << NG_FP8_DW_SHIFT;
 	/* the fused relu^2 forward is bf16 (our own GEMM) */
 	if (g->fuse_relu2)
 		fp8 &= ~NG_FP8_FC;

@@ -63,16 +63,16 @@ extern "C" {
  *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
  *    forward's weight scale, so both share the weight descale).
- *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw), for a layer kind whose forward is fp8
- *    and a step of B x T a multiple of 16 rows: the dW matmul multiplies dout^T in E5M2 (the
- *    dinp's slot and scale) by inp^T in E4M3 (the forward's slot and scale, so the bytes are the
- *    forward's input, transposed), fp32 out. Its scratch takes both transposes and, with a
- *    bias, the column sums of dout that the same cast reads (kernels/fp8.h ng_fp8_cast_wt;
- *    cuBLASLt's FP8 GEMM has no bias-gradient epilogue), reduced into the bias gradient after
- *    the matmul. Where the dinp of the kind is fp8 and comes next (all but the FC-proj when
- *    the GELU backward is not fused), the same cast also writes dout in E5M2 row-major as
- *    "dout8.<kind>" (u8, N x OC), which the dinp matmul reads instead of casting: one read of
- *    dout for both.
+ *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw; both families), for a layer kind whose
+ *    forward is fp8 and a step of B x T a multiple of 16 rows: the dW matmul multiplies dout^T
+ *    in E5M2 (the dinp's slot and scale) by inp^T in E4M3 (the forward's slot and scale, so
+ *    the bytes are the forward's input, transposed), fp32 out. Its scratch takes both
+ *    transposes and, with a bias, the column sums of dout that the same cast reads
+ *    (kernels/fp8.h ng_fp8_cast_wt; cuBLASLt's FP8 GEMM has no bias-gradient epilogue),
+ *    reduced into the bias gradient after the matmul. Where the dinp of the kind is fp8 and
+ *    comes next (all but GPT-2's FC-proj when its GELU backward is not fused or runs on our
+ *    GEMM), the same cast also writes dout in E5M2 row-major as "dout8.<kind>" (u8, N x OC),
+ *    which the dinp matmul reads instead of casting: one read of dout for both.
  *  - The speedrun head's backward (NG_FP8_HEAD_BWD, with NG_FP8_HEAD; the speedrun family
  *    only): the soft-capped loss writes its gradient as g8 = E5M2(dz x NG_SPR_HEAD_GSCALE), a
  *    static scale as the speedrun's reference (|dz| <= cap / (4 div) = 0.036 keeps it below

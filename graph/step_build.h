@@ -58,6 +58,12 @@ size_t ng_bld_fp8_weights(struct ng_bld *b, struct ng_op *op, int transposed);
  * (W^T in E4M3, or W with --recompute fp8, and the scales as inputs) and return the scratch
  * bytes in front for dout's E5M2 copy (and W^T's cast with --recompute fp8); 0 otherwise. */
 size_t ng_bld_fp8_dinp(struct ng_bld *b, struct ng_op *op);
+/* --fp8-dw train graphs (graph/step.h "FP8", NG_FP8_DW_*): when op (a layer's DW matmul,
+ * row_count and param set) is of an fp8 dW kind and its rows come in whole 16-row groups,
+ * make it so (fp8_state as its next input) and return the scratch bytes in front for its
+ * transposes and column sums; with `share`, when the kind's dinp is fp8 too, also give it the
+ * E5M2 dout that the dinp reads next (*d8, "dout8.<kind>"; else -1). 0 otherwise. */
+size_t ng_bld_fp8_dw(struct ng_bld *b, struct ng_op *op, int share, int *d8);
 /* --fp8 train graphs: the FP8_PREP op (scales rolled, weights cast), first after the tokens. */
 void ng_bld_fp8_prep(struct ng_bld *b);
 /* The first dW matmul of each (linear layer, layer) overwrites its gradient (graph/step.c). */

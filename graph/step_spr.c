@@ -58,7 +58,8 @@ static void mm_fwd(struct ng_bld *b, enum ng_op_which w, int l, int param, int i
 	emit(b, op, b->ws.matmul + in8);
 }
 
-/* dW (grads +=, or = for the step's first writer) then dinp of a bias-free matmul. */
+/* dW (grads +=, or = for the step's first writer) then dinp of a bias-free matmul; with
+ * --fp8-dw the two share one cast of dout (graph/step.h "FP8"). */
 static void mm_bwd(struct ng_bld *b, enum ng_op_which w, int l, int param, int dout, int inp,
 		   int dinp)
 {
@@ -66,8 +67,11 @@ static void mm_bwd(struct ng_bld *b, enum ng_op_which w, int l, int param, int d
 	struct ng_op op = ng_bld_mk(NG_OP_MATMUL_DW, w, l, IN(dout, inp), OUT(g->t_grads));
 	op.row_count = (int)b->N;
 	op.param[0] = param;
-	emit(b, op, b->ws.matmul);
-	op = ng_bld_mk(NG_OP_MATMUL_DINP, w, l, IN(dout, g->t_params_bf16), OUT(dinp));
+	int d8;
+	size_t front = ng_bld_fp8_dw(b, &op, 1, &d8);
+	emit(b, op, b->ws.matmul + front);
+	op = ng_bld_mk(NG_OP_MATMUL_DINP, w, l, IN(d8 >= 0 ? d8 : dout, g->t_params_bf16),
+		       OUT(dinp));
 	op.row_count = (int)b->N;
 	op.param[0] = param;
 	emit(b, op, b->ws.matmul + ng_bld_fp8_dinp(b, &op));

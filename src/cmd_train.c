@@ -108,9 +108,9 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "GPU (sm_89+): matmuls in FP8 with per-tensor scales where they time faster: "
 		  "forward E4M3, input gradients E5M2 x E4M3 (weight gradients stay bf16)", false },
 		{ "--fp8-dw", NG_FLAG_BOOL, &o.fp8_dw, 0, 0, NULL,
-		  "GPU, with --fp8, GPT-2 models: the weight-gradient matmuls of the layers whose "
-		  "forward is FP8 in FP8 too (E5M2 gradient x E4M3 input, the bias gradient from "
-		  "the same cast)", false },
+		  "GPU, with --fp8: the weight-gradient matmuls of the layer kinds whose forward is "
+		  "FP8 in FP8 too (E5M2 gradient x E4M3 input, the bias gradient from the same "
+		  "cast)", false },
 		{ "--head-bf16", NG_FLAG_BOOL, &o.head_bf16, 0, 0, NULL,
 		  "GPU, speedrun model: the head's forward matmul in bf16 (default: FP8 E4M3 with "
 		  "per-tensor scales, as the speedrun's, on sm_89+)", false },
@@ -276,12 +276,6 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		ng_fail(NG_ERR_INPUT, "train --fp8-dw: weight gradients in FP8 need --fp8 (their "
 			"input's scale is the FP8 forward's)");
 		ng_hint("add --fp8");
-		return NG_ERR_INPUT;
-	}
-	if (o.fp8_dw && o.shape.model.arch == NG_ARCH_SPEEDRUN) {
-		ng_fail(NG_ERR_INPUT, "train --fp8-dw: the speedrun model's weight gradients stay "
-			"bf16 (its FP8 head's are FP8 already)");
-		ng_hint("drop --fp8-dw");
 		return NG_ERR_INPUT;
 	}
 	if (strcmp(o.device, "cpu") == 0 && o.fp8) {

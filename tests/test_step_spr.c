@@ -212,16 +212,19 @@ Test(step_spr, gpt2_options_are_refused)
 }
 
 /* --fp8 (graph/step.h "FP8"): every layer matmul's forward and dinp is an fp8 op reading the
- * E4M3 weights (dinp: W^T) and the scales, the residual input last; the dW stay bf16; FP8_PREP
- * comes before the first matmul; with --recompute fp8 there are no weight copies and the
- * matmuls read the bf16 weights. Eval graphs stay bf16. */
+ * E4M3 weights (dinp: W^T) and the scales, the residual input last; the dW stay bf16 but with
+ * --fp8-dw, where each is fp8 with the scales as its third input and writes the E5M2 dout
+ * that the dinp right after it reads; FP8_PREP comes before the first matmul; with --recompute
+ * fp8 there are no weight copies and the matmuls read the bf16 weights. Eval graphs stay
+ * bf16. */
 Test(step_spr, fp8_layers)
 {
 	struct ng_gpt_config c = preset("speedrun-tiny");
-	for (int rc = 0; rc < 2; rc++) {
+	for (int v = 0; v < 4; v++) {
+		const int rc = v & 1, dw = v >> 1;
 		struct ng_step_options o;
 		ng_step_default_options(&o);
-		o.fp8 = NG_FP8_EVERY;
+		o.fp8 = NG_FP8_EVERY | (dw ? NG_FP8_DW_ALL : 0);
 		o.recompute_fp8 = rc;
 		struct ng_graph g;
 		cr_assert_eq(ng_step_build_train(&g, &c, 2, 200, 1, &o), NG_OK, "%s",
@@ -229,7 +232,7 @@ Test(step_spr, fp8_layers)
 		cr_assert_eq(ng_graph_validate(&g), NG_OK, "%s", ng_error_message());
 		check_dataflow(&g);
 		check_gradients(&g);
-		cr_expect_eq(g.fp8, NG_FP8_EVERY);
+		cr_expect_eq(g.fp8, o.fp8);
 		cr_expect_eq(g.t_params_fp8 < 0, rc);
 		cr_expect_eq(g.t_params_fp8t < 0, rc);
 		cr_assert_eq(count(&g, NG_OP_FP8_PREP, -1), 1);
@@ -244,7 +247,19 @@ Test(step_spr, fp8_layers)
 			if (first_mm < 0)
 				first_mm = k;
 			if (op->kind == NG_OP_MATMUL_DW) {
-				cr_expect_eq(op->fp8, 0, "%s", op->name);
+				const int mine = dw && op->which != NG_OP_WHICH_HEAD;
+				cr_expect_eq(op->fp8, mine, "%s", op->name);
+				if (!mine)
+					continue;
+				cr_expect_eq(op->n_in, 3, "%s", op->name);
+				cr_expect_eq(op->in[2], g.t_fp8_state, "%s", op->name);
+				cr_assert_eq(op->n_out, 2, "%s", op->name);
+				const struct ng_op *d = &g.ops[k + 1];
+				cr_expect(d->kind == NG_OP_MATMUL_DINP && d->which == op->which &&
+					  d->in[0] == op->out[1] &&
+					  g.tensors[op->out[1]].dtype == NG_DTYPE_U8,
+					  "%s: the next op %s reads %s", op->name, d->name,
+					  g.tensors[d->in[0]].name);
 				continue;
 			}
 			if (op->which == NG_OP_WHICH_HEAD) {

@@ -133,6 +133,8 @@ static int has_fp8(void)
  * the exact reference, with tests/test_train_gpu.c's fp8 bounds: an E4M3 forward matmul's
  * output off by about sqrt(2/3) 2^-4 = 0.051 relative, the loss 2e-2; an input gradient by
  * sqrt((2^-6 + 2^-8) / 3) = 0.081, carried down into every gradient: 4x that, 0.33.
+ * head_fp8 4: head_fp8 2 with --fp8-dw, every layer's dW E5M2 x E4M3: the same 0.081 a weight
+ * gradient, inside that bound.
  * fuse: relu^2 in our own GEMM's epilogue (step option fuse_relu2; skipped where that GEMM
  * cannot run), within the same bounds: its one rounding less (the pre-activation) and the
  * backward's 2 sqrt(fcr) for 2 max(pre, 0) (2^-9 relative) are inside one op's bf16 share. */
@@ -145,9 +147,10 @@ static void step_matches(int B, int T, int K, int head_fp8, int fuse)
 	ng_rng_seed(&r, seed);
 	struct ng_exec_config c;
 	spr_config(&c, B, T, K, 0);
-	const int fp8 = head_fp8 == 2   ? NG_FP8_EVERY | NG_FP8_HEAD_BWD
+	const int every = head_fp8 == 2 || head_fp8 == 4;
+	const int fp8 = every ? NG_FP8_EVERY | NG_FP8_HEAD_BWD | (head_fp8 == 4 ? NG_FP8_DW_ALL : 0)
 			: head_fp8 ? NG_FP8_HEAD | NG_FP8_HEAD_BWD : 0;
-	const double tol_grad = head_fp8 == 2 ? 0.33 : 4e-2, tol_loss = head_fp8 == 2 ? 2e-2 : 1e-2;
+	const double tol_grad = every ? 0.33 : 4e-2, tol_loss = every ? 2e-2 : 1e-2;
 	c.step.fp8 = fp8;
 	c.step.fuse_relu2 = fuse;
 	struct ng_exec e;
@@ -197,7 +200,8 @@ static void step_matches(int B, int T, int K, int head_fp8, int fuse)
 	double mean = loss / ((double)K * B * T);
 	double lerr = fabs(rec.loss - mean) / mean;
 	fprintf(stderr, "speedrun step%s%s: loss gpu %.6f ref %.6f (W = %d blocks)\n",
-		head_fp8 == 2 ? " (--fp8)" : head_fp8 ? " (FP8 head)" : "",
+		head_fp8 == 4 ? " (--fp8 --fp8-dw)" : head_fp8 == 2 ? " (--fp8)"
+		: head_fp8 ? " (FP8 head)" : "",
 		fuse ? " (fused relu^2)" : "", rec.loss, mean, W);
 	cr_expect(lerr < tol_loss, "loss gpu %.6f ref %.6f rel err %.2e (seed %llu)", rec.loss, mean,
 		  lerr, (unsigned long long)seed);
@@ -281,10 +285,12 @@ Test(train_spr_gpu, fp8_step_matches_cpu_reference)
 		cr_skip_test("no FP8 on this GPU (init refused --fp8, as it should)");
 	}
 	step_matches(2, 400, 1, 2, 0);
+	step_matches(2, 400, 1, 4, 0);
 }
 
 /* The parameters after three steps (the window growing) from random ones: fp8 0 bf16, 1 --fp8
- * with E4M3 weight copies, 2 --fp8 --recompute fp8, 3 bf16 with relu^2 fused. */
+ * with E4M3 weight copies, 2 --fp8 --recompute fp8, 3 bf16 with relu^2 fused, 4 --fp8
+ * --fp8-dw. */
 static float *three_steps(int no_graph, int fp8, size_t *total)
 {
 	struct ng_rng r;
@@ -292,7 +298,9 @@ static float *three_steps(int no_graph, int fp8, size_t *total)
 	struct ng_exec_config c;
 	spr_config(&c, 2, 400, 1, 1);
 	c.no_graph = no_graph;
-	c.step.fp8 = fp8 == 1 || fp8 == 2 ? NG_FP8_EVERY : 0;
+	c.step.fp8 = fp8 == 1 || fp8 == 2 || fp8 == 4 ? NG_FP8_EVERY : 0;
+	if (fp8 == 4)
+		c.step.fp8 |= NG_FP8_DW_ALL;
 	c.step.recompute_fp8 = fp8 == 2;
 	c.step.fuse_relu2 = fp8 == 3;
 	struct ng_exec e;
@@ -331,8 +339,8 @@ static void expect_same_params(const float *a, const float *b, size_t total, con
 }
 
 /* --fp8 --deterministic: the scales roll inside the graph from step to step, so graph replay
- * and eager launches must still give the same bytes, and so must --recompute fp8 (each matmul
- * casts its own weights: the bytes of the copies). */
+ * and eager launches must still give the same bytes (with --fp8-dw too), and so must
+ * --recompute fp8 (each matmul casts its own weights: the bytes of the copies). */
 Test(train_spr_gpu, fp8_graph_equals_eager_deterministic)
 {
 	if (ng_cuda_device_count() == 0)
@@ -344,7 +352,9 @@ Test(train_spr_gpu, fp8_graph_equals_eager_deterministic)
 	float *recast = three_steps(0, 2, &total);
 	expect_same_params(graph, eager, total, "--fp8 graph and eager");
 	expect_same_params(graph, recast, total, "--fp8 and --fp8 --recompute fp8");
-	free(graph), free(eager), free(recast);
+	float *dw_graph = three_steps(0, 4, &total), *dw_eager = three_steps(1, 4, &total);
+	expect_same_params(dw_graph, dw_eager, total, "--fp8 --fp8-dw graph and eager");
+	free(graph), free(eager), free(recast), free(dw_graph), free(dw_eager);
 }
 
 /* --deterministic: the captured graph replayed gives the bytes of eager launches (--no-graph),
