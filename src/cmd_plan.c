@@ -32,10 +32,11 @@ struct plan_args {
 	long long align;       /* arena alignment, bytes */
 	const char *step;      /* "train", "eval", "sample" */
 	bool fp8;              /* --fp8: every kind of fp8 matmul (forward E4M3, dinp E5M2) */
+	bool fp8_dw;           /* --fp8-dw: the layers' dW too */
 	double gpu_gib;        /* plan's --gpu-mem (0: not given): --recompute auto's budget */
 };
 
-#define PLAN_NFLAGS 8
+#define PLAN_NFLAGS 9
 
 static void plan_flags(struct plan_args *a, struct ng_flag *f)
 {
@@ -64,6 +65,9 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		  "fp8 matmuls, planned for every kind: the five forward (E4M3) and four layer "
 		  "dinp (E5M2 x E4M3) ones (train --fp8 times them on the GPU and may keep fewer)",
 		  false },
+		{ "--fp8-dw", NG_FLAG_BOOL, &a->fp8_dw, 0, 0, NULL,
+		  "with --fp8: the layers' weight-gradient matmuls in FP8 too, as train --fp8-dw",
+		  false },
 		{ "--gpu-mem", NG_FLAG_DOUBLE, &a->gpu_gib, 0, 1e6, "GIB",
 		  "with --recompute auto the least recompute that fits this much (the step's own "
 		  "bytes); plan also fails when the step needs more", false },
@@ -86,7 +90,12 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 	if (pa->gelu && (st = ng_step_parse_gelu_fusion(pa->gelu, &o.fuse_gelu)))
 		return st;
 	o.deterministic = pa->deterministic;
-	o.fp8 = pa->fp8 ? NG_FP8_EVERY : 0;
+	if (pa->fp8_dw && !pa->fp8) {
+		ng_fail(NG_ERR_INPUT, "--fp8-dw: weight gradients in FP8 need --fp8");
+		ng_hint("add --fp8");
+		return NG_ERR_INPUT;
+	}
+	o.fp8 = pa->fp8 ? NG_FP8_EVERY | (pa->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
 	/* the speedrun model's head is FP8 both ways by default, as train makes it */
 	if (shape->model.arch == NG_ARCH_SPEEDRUN)
 		o.fp8 |= NG_FP8_HEAD | NG_FP8_HEAD_BWD;
@@ -204,7 +213,8 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	       strcmp(pa->recompute, "auto") ? "" : " (auto)", g->head_chunk_rows,
 	       g->head_chunk_rows == g->B * g->T ? " (whole)" : "",
 	       ng_step_gelu_fusion_name(g->fuse_gelu),
-	       pa->fp8 ? "every kind (forward, dinp)"
+	       pa->fp8_dw ? "every kind (forward, dinp, dW)"
+	       : pa->fp8 ? "every kind (forward, dinp)"
 	       : g->fp8 & NG_FP8_HEAD_BWD ? "the head (forward E4M3, backward E5M2)" : "off",
 	       g->align);
 	printf("  %-34s %10.1f MiB\n",
@@ -246,7 +256,7 @@ static void print_json(const struct ng_graph *g, const struct ng_shape *sh,
 	       g->lay.n_params, g->recompute_gelu, g->recompute_layernorm, g->recompute_fp8,
 	       g->keep_gelu, g->keep_layernorm,
 	       g->head_chunk_rows,
-	       g->fuse_gelu, pa->fp8 ? NG_FP8_EVERY : 0, g->align);
+	       g->fuse_gelu, pa->fp8 ? NG_FP8_EVERY | (g->fp8 & NG_FP8_DW_ALL) : 0, g->align);
 	printf("\"arena_bytes\":%zu,\"lower_bound_bytes\":%zu,\"params_bytes\":%zu,"
 	       "\"grads_bytes\":%zu,\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,"
 	       "\"workspace_bytes\":%zu,\"persistent_bytes\":%zu,\"total_bytes\":%zu,"
