@@ -237,3 +237,30 @@ Test(race, report_summarises_repeated_runs, .timeout = 60)
 	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
 	free(r);
 }
+
+/* The reference from our init (refinit.log, `ref --init-seed`) is a kind of its own: its mean
+ * beside the reference's own-init runs, not pooled with them. */
+Test(race, report_keeps_the_reference_from_our_init_apart, .timeout = 60)
+{
+	char dir[512];
+	race_dir(dir, sizeof(dir));
+	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
+		       "step:4/4 train_time:4000ms step_avg:1000.00ms\n"
+		       "step:4/4 val_loss:3.0000 train_time:4000ms step_avg:1000.00ms\n");
+	put("refinit.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
+			   "step:4/4 train_time:4000ms step_avg:1000.00ms\n"
+			   "step:4/4 val_loss:2.8000 train_time:4000ms step_avg:1000.00ms\n");
+	put("ours.jsonl", "{\"step\":1,\"loss\":9,\"ms\":500}\n{\"step\":4,\"loss\":6,\"ms\":500}\n"
+			  "{\"step\":4,\"val_loss\":2.7}\n");
+	char *r = report(dir);
+	const char *want[] = {
+		"reference (PyTorch + Triton): 49152 tok/s",
+		"reference from nanograph's init: 49152 tok/s",
+		"validation at the shared checkpoints, reference 1 run, ours 1 run, ref (our init) 1 run",
+		"step     4  3.0000 [3.0000, 3.0000]   2.7000 [2.7000, 2.7000]   2.8000 [2.8000, 2.8000]",
+		"ours - reference, means: -0.3000 to -0.3000",
+		"ref (our init) - reference, means: -0.2000 to -0.2000",
+	};
+	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
+	free(r);
+}
