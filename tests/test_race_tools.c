@@ -7,7 +7,8 @@
  *    MB of this machine's text, with the nanograph binary of this build;
  *  - tools/speedrun-race report: tokens/s and the times to the two target losses (linear
  *    between checkpoints, validation excluded) from made-up logs of the three runs; with
- *    repeated (--tag) runs, each kind's mean and range at the checkpoints all runs share.
+ *    repeated (--tag) runs, each kind's mean and range at the checkpoints all runs share;
+ *  - tools/fp8-parity report: the FP8 runs' loss differences from bf16's, from made-up metrics.
  */
 #define _XOPEN_SOURCE 700
 #include <criterion/criterion.h>
@@ -126,16 +127,21 @@ static void race_dir(char *dir, size_t n)
 	cr_assert(mkdir(dir, 0700) == 0);
 }
 
-/* `tools/speedrun-race report` over the logs in dir: its output. */
-static char *report(const char *dir)
+/* `tools/<tool> report` over the logs in dir: its output. */
+static char *tool_report(const char *tool, const char *dir)
 {
 	char cmd[2048], log[512];
 	snprintf(log, sizeof(log), "%s/report.txt", ng_test_dir);
-	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/speedrun-race report >'%s' 2>&1", dir,
-		 log);
+	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/%s report >'%s' 2>&1", dir, tool, log);
 	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
 	size_t n;
 	return read_text(log, &n);
+}
+
+/* `tools/speedrun-race report` over the logs in dir. */
+static char *report(const char *dir)
+{
+	return tool_report("speedrun-race", dir);
 }
 
 /* Each of want[0..n) in r, in that order. */
@@ -260,6 +266,51 @@ Test(race, report_keeps_the_reference_from_our_init_apart, .timeout = 60)
 		"step     4  3.0000 [3.0000, 3.0000]   2.7000 [2.7000, 2.7000]   2.8000 [2.8000, 2.8000]",
 		"ours - reference, means: -0.3000 to -0.3000",
 		"ref (our init) - reference, means: -0.2000 to -0.2000",
+	};
+	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
+	free(r);
+}
+
+/* Metrics of `steps` steps into <test dir>/out/name: loss 5 - step / 100, plus shift(step). */
+static void put_losses(const char *name, int steps, double (*shift)(int))
+{
+	size_t cap = (size_t)steps * 64 + 1, at = 0;
+	char *text = malloc(cap);
+	cr_assert(text);
+	for (int s = 1; s <= steps; s++)
+		at += (size_t)snprintf(text + at, cap - at, "{\"step\":%d,\"loss\":%.6f,\"ms\":100}\n",
+				       s, 5.0 - s / 100.0 + shift(s));
+	put(name, text);
+	free(text);
+}
+
+static double no_shift(int s) { return 0 * s; }
+/* +0.02 for the first 150 steps, -0.01 after, but +0.29 at step 200 */
+static double fp8_shift(int s) { return s <= 150 ? 0.02 : s == 200 ? 0.29 : -0.01; }
+
+/* tools/fp8-parity report: over steps 151-300 the mean difference (-0.01 x 149 + 0.29) / 150 =
+ * -0.0080 and the mean |difference| 1.78 / 150 = 0.0119; the first tenth's +0.0200; the
+ * largest, at step 200; the last step's losses; a shorter --fp8-dw run compared over the
+ * steps it shares with bf16. */
+Test(race, fp8_parity_report, .timeout = 60)
+{
+	if (access("tools/fp8-parity", X_OK) != 0)
+		cr_skip_test("tools/fp8-parity not here: run from the source root");
+	char dir[512];
+	race_dir(dir, sizeof(dir));
+	put_losses("bf16.jsonl", 300, no_shift);
+	put_losses("fp8.jsonl", 300, fp8_shift);
+	put_losses("fp8dw.jsonl", 100, no_shift);
+	char *r = tool_report("fp8-parity", dir);
+	const char *want[] = {
+		"--fp8 against bf16: 300 shared steps (1 to 300)",
+		"steps 151-300: mean (fp8 - bf16) -0.0080, mean |fp8 - bf16| 0.0119",
+		"steps 1-30: mean +0.0200, mean abs 0.0200",
+		"largest |fp8 - bf16| 0.2900 at step 200",
+		"step 300: --fp8 1.9900, bf16 2.0000",
+		"--fp8 --fp8-dw against bf16: 100 shared steps (1 to 100)",
+		"largest |fp8 - bf16| 0.0000 at step",
+		"step 100: --fp8 --fp8-dw 4.0000, bf16 4.0000",
 	};
 	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
 	free(r);
