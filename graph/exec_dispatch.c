@@ -305,6 +305,7 @@ static enum ng_status run_matmul_dw_fp8(struct ng_exec *e, const struct ng_graph
 		  xslot = ng_fp8_slot(L, op->which, op->layer);
 	if (dslot < 0 || xslot < 0 || op->n_in < 3)
 		return ng_fail(NG_ERR_RUNTIME, "op %s: not an fp8 dW matmul of a layer", op->name);
+	_Static_assert(NG_FP8_DW_BAND == NG_FP8_COLSUM_BAND, "graph/step.h and kernels/fp8.h");
 	const int rows = op->row_count, ic = mm->spec.IC, oc = mm->spec.OC,
 		  bias = op->param[1] >= 0;
 	float *f = ng_exec_tensor_(e, g, op->in[2]);

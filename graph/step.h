@@ -205,9 +205,11 @@ static inline size_t ng_fp8_head_dw_bytes(size_t rows, size_t Vp, size_t C)
 /* Bytes in front of the cuBLASLt workspace in the scratch of a layer's fp8 dW over `rows` rows:
  * dout^T (OC, rows) in E5M2, inp^T (IC, rows) in E4M3, then with a bias the column sums of
  * dout, one row of OC floats a band of 64 rows (kernels/fp8.h ng_fp8_cast_wt). */
+#define NG_FP8_DW_BAND 64 /* kernels/fp8.h NG_FP8_COLSUM_BAND */
 static inline size_t ng_fp8_dw_bytes(size_t rows, size_t ic, size_t oc, int bias)
 {
-	size_t part = bias ? ((rows + 63) / 64 * oc * 4 + 255) / 256 * 256 : 0;
+	size_t bands = (rows + NG_FP8_DW_BAND - 1) / NG_FP8_DW_BAND;
+	size_t part = bias ? (bands * oc * 4 + 255) / 256 * 256 : 0;
 	return ng_fp8_input_bytes(rows, oc) + ng_fp8_input_bytes(rows, ic) + part;
 }
 

@@ -313,7 +313,7 @@ extern "C" enum ng_status ng_fp8_cast_e4m3_seg(uint8_t *out, const ng_bf16 *in,
  * x (part, row blockIdx.y): the 8 columns of a thread are shared by the lanes 8 and 16 apart in
  * its warp (a shuffle sum), then by the 8 warps (a shared-memory sum in warp order), so the sums
  * are the same every run. */
-#define WT_TILE 64
+#define WT_TILE NG_FP8_COLSUM_BAND
 #define WT_THREADS 256
 template <int FMT>
 static __global__ void __launch_bounds__(WT_THREADS)
@@ -443,11 +443,6 @@ extern "C" enum ng_status ng_fp8_cast_e4m3_wt_seg(uint8_t *out, uint8_t *out_t,
 		return ng_check_arg_fail("ng_fp8_cast_e4m3_wt", "need at least one output");
 	return cast_wt_("ng_fp8_cast_e4m3_wt", NG_FP8_E4M3, out, out_t, NULL, NULL, in, scale, R,
 			Cc, nseg, s);
-}
-
-extern "C" int ng_fp8_colsum_rows(int R)
-{
-	return (R + WT_TILE - 1) / WT_TILE;
 }
 
 extern "C" enum ng_status ng_fp8_cast_wt(enum ng_fp8_format fmt, uint8_t *out, uint8_t *out_t,

@@ -106,7 +106,11 @@ enum ng_status ng_fp8_cast_e4m3_wt_seg(uint8_t *out, uint8_t *out_t, const ng_bf
 enum ng_status ng_fp8_cast_wt(enum ng_fp8_format fmt, uint8_t *out, uint8_t *out_t, float *part,
 			      float *amax, const ng_bf16 *in, const float *scale, int R, int Cc,
 			      cudaStream_t s);
-int ng_fp8_colsum_rows(int R);
+#define NG_FP8_COLSUM_BAND 64 /* rows a band of part sums (the cast's tile) */
+static inline int ng_fp8_colsum_rows(int R)
+{
+	return (R + NG_FP8_COLSUM_BAND - 1) / NG_FP8_COLSUM_BAND;
+}
 
 /* Delayed scaling, once per step for each of nseg slots: push the slot's maximum (the largest
  * of amax[(k * sub + j) * stride], j < sub) into its history of the last H maxima (hist row k,
