@@ -8,7 +8,9 @@
  *  - tools/speedrun-race report: tokens/s and the times to the two target losses (linear
  *    between checkpoints, validation excluded) from made-up logs of the three runs; with
  *    repeated (--tag) runs, each kind's mean and range at the checkpoints all runs share;
- *  - tools/fp8-parity report: the FP8 runs' loss differences from bf16's, from made-up metrics.
+ *  - tools/fp8-parity report: the FP8 runs' loss differences from bf16's, from made-up metrics;
+ *  - tools/export_init with shape flags (the peers' and ref_check's init): the file holds
+ *    ng_gpt_init's floats for that shape, bit for bit; a bad flag exits 2 with one line.
  */
 #define _XOPEN_SOURCE 700
 #include <criterion/criterion.h>
@@ -17,8 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "graph/gpt.h"
 #include "tests/ckpt_testing.h"
 #include "tests/test_tmpdir.h"
 
@@ -314,4 +318,53 @@ Test(race, fp8_parity_report, .timeout = 60)
 	};
 	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
 	free(r);
+}
+
+/* export_init speedrun-tiny SEED FILE --layers 12 --heads 1 --channels 128 --vocab 300: the
+ * preset's shape changed as the flags say, the floats ng_gpt_init writes for it; a flag with no
+ * count, an unknown flag and an impossible shape (channels not a multiple of heads) exit 2. */
+Test(export_init, shape_flags_and_bad_input)
+{
+	char exe[PATH_MAX], bin[PATH_MAX + 32], cmd[4 * PATH_MAX], out[PATH_MAX];
+	ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	cr_assert(len > 0);
+	exe[len] = '\0';
+	*strrchr(exe, '/') = '\0'; /* <build>/tests */
+	snprintf(bin, sizeof(bin), "%s/../tools/export_init", exe);
+	if (access(bin, X_OK) != 0)
+		cr_skip_test("no tools/export_init in this build");
+	ng_test_dir_make("ng_export_init_");
+	snprintf(out, sizeof(out), "%s/init.bin", ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "'%s' speedrun-tiny 7 '%s' --layers 12 --heads 1 --channels 128 "
+		 "--vocab 300 >/dev/null", bin, out);
+	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
+	struct ng_gpt_config cfg;
+	cr_assert_eq(ng_gpt_preset(&cfg, "speedrun-tiny"), NG_OK);
+	cfg.L = 12, cfg.H = 1, cfg.C = 128, cfg.V = 300;
+	cr_assert_eq(ng_gpt_check(&cfg), NG_OK);
+	struct ng_gpt_layout lay;
+	ng_gpt_layout(&cfg, &lay);
+	float *want = malloc(lay.total * sizeof(float));
+	cr_assert(want);
+	ng_gpt_init(&cfg, &lay, 7, want);
+	size_t n;
+	char *got = read_text(out, &n);
+	cr_expect_eq(n, lay.total * sizeof(float), "%zu bytes, the layout has %zu floats", n,
+		     lay.total);
+	cr_expect(n == lay.total * sizeof(float) && memcmp(got, want, n) == 0,
+		  "the file is not ng_gpt_init's floats for L=12 H=1 C=128 V=300");
+	free(got), free(want);
+	const char *bad[] = { "--layers", "--layers x", "--width 64", "--heads 3" };
+	for (int i = 0; i < 4; i++) {
+		char err[PATH_MAX];
+		snprintf(err, sizeof(err), "%s/err.txt", ng_test_dir);
+		snprintf(cmd, sizeof(cmd), "'%s' speedrun-tiny 7 '%s' %s >/dev/null 2>'%s'", bin, out,
+			 bad[i], err);
+		int st = system(cmd);
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "'%s': exit status %d, not 2", bad[i],
+			  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+		char *msg = read_text(err, &n);
+		cr_expect(n > 0 && strchr(msg, '\n') != NULL, "'%s': no error line", bad[i]);
+		free(msg);
+	}
 }
