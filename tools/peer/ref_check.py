@@ -126,7 +126,7 @@ def dense_flex_attention(q, k, v, block_mask, scale):
     return torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1) @ v
 
 
-def load_reference(path, steps):
+def load_reference(path):
     """The reference's namespace: its definitions, then from its main section the optimizer and
     schedule statements; returns (namespace, the training loop's per-step statements)."""
     src = open(path).read()
@@ -233,12 +233,17 @@ def main():
         sys.exit("ref_check: --channels must be 128 x --heads (the reference's head size) and "
                  "--seq a multiple of 128")
     torch.set_default_dtype(torch.float64)
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # the reference's constructor draws weights that load_init replaces
     C, T, N = a.channels, a.seq, a.steps
     Vp = sp.padded_vocab(V)
     shape = ["--layers", str(L), "--heads", str(a.heads), "--channels", str(C), "--vocab",
              str(V), "--seq-len", str(T)]
-    g, setup, per_step = load_reference(a.script, N)
+    for f, hint in ((a.script, "the record's train_gpt.py (docs/DESIGN.md \"The speedrun model\")"),
+                    (os.path.join(a.build, "nanograph"), "--build: a build directory"),
+                    (os.path.join(a.build, "tools", "export_init"), "--build: a build directory")):
+        if not os.path.exists(f):
+            sys.exit("ref_check: no %s (hint: %s)" % (f, hint))
+    g, setup, per_step = load_reference(a.script)
     with tempfile.TemporaryDirectory() as d:
         init, shard = os.path.join(d, "init.bin"), os.path.join(d, "train_000000.bin")
         subprocess.run([os.path.join(a.build, "tools", "export_init"), "speedrun-tiny",
@@ -256,7 +261,8 @@ def main():
                                            "--no-shuffle", "--metrics", metrics]
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if r.returncode != 0:
-            sys.exit("ref_check: nanograph failed: %s" % r.stderr.strip().splitlines()[-1:])
+            last = r.stderr.strip().splitlines()[-1:] or ["exit status %d" % r.returncode]
+            sys.exit("ref_check: nanograph train failed: %s" % last[0])
         ours = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l]
         t = init_tensors(init, C, Vp)
 
