@@ -41,9 +41,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ref_eval  # noqa: E402
 import speedrun_peer as sp  # noqa: E402
 
-L, V, EOT = 12, 50257, 50256
+L, V, EOT = ref_eval.L, ref_eval.V, 50256  # 12 blocks, the GPT-2 vocabulary
 
 # (what, text in the reference, replacement): the edits applied to its source, each exactly once
 EDITS = [("no CUDA warm-up at import",
@@ -176,45 +177,6 @@ def load_reference(path):
     return g, keep, ast.Module(body=body, type_ignores=[])
 
 
-def init_tensors(flat_path, C, Vp):
-    """export_init's flat file as the checkpoint's names (tools/peer/ref_eval.py's reading)."""
-    lay, total = sp.layout(L, C, Vp)
-    flat = np.fromfile(flat_path, dtype=np.float32)
-    assert flat.size == total, (flat.size, total)
-
-    def get(name):
-        shape, off = lay[name]
-        return torch.from_numpy(flat[off:off + int(np.prod(shape))].copy()).reshape(shape)
-    t = {"wte": get("wte"), "headw": get("headw"), "skipw": get("skipw"), "ve": get("ve")}
-    for name in ("xlambda", "fcw", "fcprojw"):
-        t[name] = [get(name)[l] for l in range(L)]
-    for name in ("qkvw", "attprojw", "vlambda"):
-        t[name] = [get(name)[sp.attn_slot(L, l)] if sp.attn_slot(L, l) >= 0 else None
-                   for l in range(L)]
-    return t
-
-
-def load_init(model, t, C):
-    """The init into the reference's modules (its scalars: L/2 skip weights padded to L, L x 2
-    x lambdas, L x 2 value lambdas)."""
-    with torch.no_grad():
-        model.embed.weight.copy_(t["wte"])
-        for k in range(3):
-            model.value_embeds[k].weight.copy_(t["ve"][k])
-        sc = model.scalars
-        sc.fill_(1.0)
-        sc[:L // 2] = t["skipw"]
-        for l, b in enumerate(model.blocks):
-            sc[L + 2 * l: L + 2 * l + 2] = t["xlambda"][l].reshape(2)
-            if b.attn is not None:
-                b.attn.qkv_w.copy_(t["qkvw"][l].reshape(3, C, C))
-                b.attn.c_proj.weight.copy_(t["attprojw"][l])
-                sc[3 * L + 2 * l: 3 * L + 2 * l + 2] = t["vlambda"][l].reshape(2)
-            b.mlp.c_fc.weight.copy_(t["fcw"][l])
-            b.mlp.c_proj.weight.copy_(t["fcprojw"][l])
-        model.lm_head.weight.copy_(t["headw"])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("script", help="the reference's train_gpt.py")
@@ -264,11 +226,11 @@ def main():
             last = r.stderr.strip().splitlines()[-1:] or ["exit status %d" % r.returncode]
             sys.exit("ref_check: nanograph train failed: %s" % last[0])
         ours = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l]
-        t = init_tensors(init, C, Vp)
+        t = ref_eval.flat_tensors(init, C, Vp)
 
     model = g["GPT"](vocab_size=Vp, num_layers=L, num_heads=a.heads, model_dim=C,
                      max_seq_len=T).double()
-    load_init(model, t, C)
+    ref_eval.load_into(model, t, C, bf16_embeddings=False)
     model.lm_head.use_fp8 = False  # its FP8 head (torch._scaled_mm) runs on a CPU too: float64
     g["model"] = model
     exec(compile(ast.Module(body=setup, type_ignores=[]), a.script, "exec"), g)

@@ -44,10 +44,11 @@ def read_safetensors(path):
     return out
 
 
-def load_into(model, t):
-    """nanograph's speedrun tensor names (src/checkpoint.c) into the reference's modules; its
-    scalars vector is [skip weights (L, the first L/2 used), x lambdas (L x 2), value lambdas
-    (L x 2), padding]."""
+def load_into(model, t, C=C, bf16_embeddings=True):
+    """nanograph's speedrun tensor names (src/checkpoint.c) into the reference's modules (L
+    blocks of width C); its scalars vector is [skip weights (L, the first L/2 used), x lambdas
+    (L x 2), value lambdas (L x 2), padding]. The embeddings end as bf16, as the reference keeps
+    them, unless bf16_embeddings is false."""
     with torch.no_grad():
         model.embed.weight.zero_()
         model.embed.weight[:V] = t["wte"]
@@ -66,20 +67,21 @@ def load_into(model, t):
             b.mlp.c_proj.weight.copy_(t["blocks.%d.fcprojw" % l])
         model.lm_head.weight.copy_(t["headw"])
     for m in model.modules():
-        if isinstance(m, torch.nn.Embedding):
+        if bf16_embeddings and isinstance(m, torch.nn.Embedding):
             m.bfloat16()
 
 
-def flat_tensors(path):
-    """export_init's flat float32 file of the speedrun preset (graph/gpt.h's layout, read through
-    speedrun_peer.layout) as {name: tensor} under the checkpoint's names, as read_safetensors
-    gives them: wte and ve.<t> their V real rows, blocks.<l>.<name> a block's slice."""
+def flat_tensors(path, C=C, Vp=VP):
+    """export_init's flat float32 file of the speedrun family (graph/gpt.h's layout, read through
+    speedrun_peer.layout; L blocks of width C, the vocabulary padded to Vp) as {name: tensor}
+    under the checkpoint's names, as read_safetensors gives them: wte and ve.<t> their V real
+    rows, blocks.<l>.<name> a block's slice."""
     import numpy as np
     import speedrun_peer as sp
-    lay, total = sp.layout(L, C, VP)
+    lay, total = sp.layout(L, C, Vp)
     flat = np.fromfile(path, dtype=np.float32)
     if flat.size != total:
-        sys.exit("ref_eval: %s has %d floats, the speedrun preset's layout %d (hint: "
+        sys.exit("ref_eval: %s has %d floats, the speedrun layout's %d (hint: "
                  "build/tools/export_init speedrun SEED FILE writes it)" % (path, flat.size, total))
 
     def get(name):
