@@ -63,8 +63,9 @@ extern "C" {
  *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
  *    forward's weight scale, so both share the weight descale).
- *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw; both families), for a layer kind whose
- *    forward is fp8 and a step of B x T a multiple of 16 rows: the dW matmul multiplies dout^T
+ *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw, each kind timed against its bf16 dW
+ *    under AUTO; both families), for a layer kind whose forward is fp8 and a step of B x T a
+ *    multiple of 16 rows: the dW matmul multiplies dout^T
  *    in E5M2 (the dinp's slot and scale) by inp^T in E4M3 (the forward's slot and scale, so
  *    the bytes are the forward's input, transposed), fp32 out. Its scratch takes both
  *    transposes and, with a bias, the column sums of dout that the same cast reads

@@ -264,12 +264,16 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, ")\n");
 	}
 	if (c.step.fp8) {
-		static const char *kind[NG_EXEC_FP8_KINDS] = { "qkv",	  "attproj",	  "fc",
-							       "fcproj",  "head",	  "dqkv",
-							       "dattproj", "dfc",	  "dfcproj" };
+		static const char *kind[NG_EXEC_FP8_KINDS] = {
+			"qkv",	"attproj",  "fc",      "fcproj",   "head",     "dqkv",	"dattproj",
+			"dfc",	"dfcproj",  "qkv-dW", "attproj-dW", "fc-dW", "fcproj-dW"
+		};
 		fprintf(log, "fp8: forward matmuls in E4M3 (x E4M3 weights):");
 		int any = 0, timed = 0;
 		for (int k = 0; k < NG_EXEC_FP8_KINDS; k++) {
+			timed |= rep.fp8_ms[k][0] >= 0;
+			if (k >= 9) /* the dW kinds: below */
+				continue;
 			int bit = k < 5 ? 1 << k : 1 << (k - 5 + NG_FP8_DINP_SHIFT);
 			if (k == 5) {
 				fprintf(log, "%s; input gradients (dinp) in E5M2:", any ? "" : " none");
@@ -277,17 +281,17 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			}
 			if (g->fp8 & bit)
 				fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
-			timed |= rep.fp8_ms[k][0] >= 0;
 		}
 		fprintf(log, "%s", any ? "" : " none");
-		if (g->fp8 & NG_FP8_DW_ALL) { /* --fp8-dw: where the kind's forward is fp8 */
+		if (o->fp8_dw) { /* --fp8-dw: where the kind's forward is fp8 and its dW timed
+				  * faster (all of them under --deterministic, untimed) */
 			fprintf(log, "; weight gradients (dW) in E5M2 x E4M3:");
 			any = 0;
 			for (int k = 0; k < 4; k++)
 				if ((g->fp8 & 1 << (k + NG_FP8_DW_SHIFT)) && (g->fp8 & 1 << k) &&
 				    (g->B * g->T) % 16 == 0)
 					fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
-			fprintf(log, "%s", any ? "" : " none (their forward matmuls are bf16)");
+			fprintf(log, "%s", any ? "" : " none");
 		}
 		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");

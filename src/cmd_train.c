@@ -109,8 +109,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "forward E4M3, input gradients E5M2 x E4M3 (weight gradients stay bf16)", false },
 		{ "--fp8-dw", NG_FLAG_BOOL, &o.fp8_dw, 0, 0, NULL,
 		  "GPU, with --fp8: the weight-gradient matmuls of the layer kinds whose forward is "
-		  "FP8 in FP8 too (E5M2 gradient x E4M3 input, the bias gradient from the same "
-		  "cast)", false },
+		  "FP8 in FP8 too where they time faster (E5M2 gradient x E4M3 input, the bias "
+		  "gradient from the same cast; all of them under --deterministic)", false },
 		{ "--head-bf16", NG_FLAG_BOOL, &o.head_bf16, 0, 0, NULL,
 		  "GPU, speedrun model: the head's forward matmul in bf16 (default: FP8 E4M3 with "
 		  "per-tensor scales, as the speedrun's, on sm_89+)", false },
