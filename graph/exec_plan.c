@@ -257,7 +257,7 @@ static struct ng_step_options step_options(const struct ng_exec_config *cfg)
 		opt.fp8 &= ~NG_FP8_FC;
 	if (opt.deterministic && (opt.fp8 & NG_FP8_AUTO)) /* untimed: the kinds that widen */
 		opt.fp8 = (opt.fp8 & (NG_FP8_QKV | NG_FP8_FC | NG_FP8_HEAD | NG_FP8_DINP_FCPROJ |
-				      NG_FP8_HEAD_BWD | NG_FP8_DW_ALL)) |
+				      NG_FP8_HEAD_BWD | NG_FP8_DW_ALL | NG_FP8_GELU_OUT)) |
 			  NG_FP8_AUTO;
 	return opt;
 }
@@ -307,7 +307,7 @@ static enum ng_status choose_forms(struct ng_exec *e, struct ng_step_options *op
 					 (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,
 					 (opt->fuse_gelu & NG_GELU_FUSE_OWN) != 0,
 					 e->train.head_chunk_rows, rep->fp8_ms, &mask);
-		opt->fp8 = mask | keep | NG_FP8_AUTO;
+		opt->fp8 = mask | keep | NG_FP8_AUTO | (opt->fp8 & NG_FP8_GELU_OUT);
 	}
 	if (!st && !opt->deterministic &&
 	    ((opt->fuse_gelu & NG_GELU_FUSE_AUTO) || (opt->fp8 & NG_FP8_AUTO))) {

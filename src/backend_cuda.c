@@ -169,7 +169,9 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
 	c->step.head_chunk_rows = (int)o->head_chunk;
 	c->gpu_mem = (size_t)(o->gpu_mem_gib * 1073741824.0);
-	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO | (o->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
+	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO | (o->fp8_dw ? NG_FP8_DW_ALL : 0) |
+				       (o->fp8_gelu_out ? NG_FP8_GELU_OUT : 0)
+			     : 0;
 	/* the speedrun model's head is FP8 as its reference's (on GPUs that have it: exec.c) */
 	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && !o->fp8 && !o->head_bf16)
 		c->step.fp8 = NG_FP8_HEAD;
@@ -292,6 +294,14 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 				    (g->B * g->T) % 16 == 0)
 					fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
 			fprintf(log, "%s", any ? "" : " none");
+		}
+		if (o->fp8_gelu_out) {
+			int n8 = 0;
+			for (int i = 0; i < g->n_ops; i++)
+				n8 += g->ops[i].kind == NG_OP_MATMUL_FWD && g->ops[i].fp8 == 2;
+			fprintf(log, "; the fc forward writes the fcproj's E4M3 input in %d of %d "
+				"layer(s)%s", n8 / (g->K > 0 ? g->K : 1), g->cfg.L,
+				n8 ? "" : " (needs fc and fcproj fp8, the fused GELU, --recompute gelu)");
 		}
 		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");

@@ -100,10 +100,13 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	struct ng_exec_config c;
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
 	c.step.fuse_gelu = fuse;
-	/* every kind, untimed; 3: the weight gradients too (--fp8-dw) */
-	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) : 0;
+	/* every kind, untimed; 3: the weight gradients too (--fp8-dw); 4: the fc forward writes
+	 * the fcproj's E4M3 input (--fp8-gelu-out, which needs --recompute gelu) */
+	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) |
+				   (fp8 == 4 ? NG_FP8_GELU_OUT : 0)
+			 : 0;
 	c.step.recompute_fp8 = fp8 == 2; /* 2: the matmuls cast their own weights */
-	c.step.recompute_gelu = recompute_gelu != 0;
+	c.step.recompute_gelu = recompute_gelu != 0 || fp8 == 4;
 	if (recompute_gelu == 2) {
 		c.step.keep_gelu = 1;
 		c.step.recompute_layernorm = 1;
@@ -122,9 +125,16 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
 	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s%s): planned, %s\n",
 		ng_step_gelu_fusion_name(e.train.fuse_gelu),
-		fp8 == 3 ? ", fp8 with dW" : fp8 ? ", fp8" : "",
+		fp8 == 3 ? ", fp8 with dW" : fp8 == 4 ? ", fp8 with the E4M3 GELU output"
+		: fp8 ? ", fp8" : "",
 		recompute_gelu == 2 ? ", --recompute gelu,layernorm in layer 0 only"
 		: recompute_gelu ? ", --recompute gelu" : "", ng_attention_describe(&e.att));
+	if (fp8 == 4) { /* not vacuous: some fc forward writes E4M3 */
+		int n8 = 0;
+		for (int i = 0; i < e.train.n_ops; i++)
+			n8 += e.train.ops[i].kind == NG_OP_MATMUL_FWD && e.train.ops[i].fp8 == 2;
+		cr_assert_gt(n8, 0, "no fc forward writes the E4M3 GELU output");
+	}
 
 	/* K micro-batches of fresh random tokens */
 	int B = c.B, T = c.T, K = c.K, V = c.model.V;
@@ -274,6 +284,8 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 	 * comes after its dinp and casts dout again */
 	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 3, 0);
 	step_matches(NG_GELU_FUSE_FWD, 3, 0);
+	/* --fp8-gelu-out: the fcproj reads the fc forward's E4M3 bytes, the backward recomputes */
+	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 4, 1);
 }
 
 /* Skips the calling test on a machine without a GPU, or with one that has no FP8. */
@@ -347,9 +359,13 @@ static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 	struct ng_exec_config c;
 	tiny_config(&c, T, 128, 2, 512, 2, 2);
 	c.deterministic = 1;
-	/* every kind, untimed; 3: the weight gradients too (--fp8-dw) */
-	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) : 0;
+	/* every kind, untimed; 3: the weight gradients too (--fp8-dw); 4: the fc forward writes
+	 * the fcproj's E4M3 input (--fp8-gelu-out, which needs --recompute gelu) */
+	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) |
+				   (fp8 == 4 ? NG_FP8_GELU_OUT : 0)
+			 : 0;
 	c.step.recompute_fp8 = fp8 == 2; /* 2: --recompute fp8 */
+	c.step.recompute_gelu = fp8 == 4;
 	c.no_graph = no_graph;
 	c.sched.total = steps;
 	c.muon.total = steps;
@@ -436,11 +452,15 @@ Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 	run_losses(0, 128, w, STEPS, 2); /* weights cast at each use: the same bytes */
 	run_losses(0, 128, dg, STEPS, 3); /* --fp8-dw */
 	run_losses(1, 128, de, STEPS, 3);
+	float og[STEPS], oe[STEPS];
+	run_losses(0, 128, og, STEPS, 4); /* --fp8-gelu-out (with --recompute gelu) */
+	run_losses(1, 128, oe, STEPS, 4);
 	for (int i = 0; i < STEPS; i++)
 		cr_expect(memcmp(&a[i], &w[i], sizeof(float)) == 0, "fp8 step %d: copies %.9g, "
 			  "--recompute fp8 %.9g", i + 1, a[i], w[i]);
 	follows_bf16("fp8", a, b, r, STEPS);
 	follows_bf16("fp8 with dW", dg, de, r, STEPS);
+	follows_bf16("fp8 with the E4M3 GELU output", og, oe, r, STEPS);
 }
 
 /* --optimizer muon: one step of the GPU graph, the gradients against the CPU reference as above,
