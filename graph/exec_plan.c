@@ -303,10 +303,7 @@ static enum ng_status choose_forms(struct ng_exec *e, struct ng_step_options *op
 				   ? opt->fp8 & (NG_FP8_HEAD | NG_FP8_HEAD_BWD) : 0;
 		/* --fp8-dw: each layer kind's dW timed too, where its forward stays fp8 */
 		int mask = opt->fp8 & (NG_FP8_EVERY | NG_FP8_DW_ALL) & ~keep;
-		st = ng_exec_choose_fp8_(e, (opt->fuse_gelu & NG_GELU_FUSE_FWD) != 0,
-					 (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,
-					 (opt->fuse_gelu & NG_GELU_FUSE_OWN) != 0,
-					 e->train.head_chunk_rows, rep->fp8_ms, &mask);
+		st = ng_exec_choose_fp8_(e, opt, e->train.head_chunk_rows, rep->fp8_ms, &mask);
 		opt->fp8 = mask | keep | NG_FP8_AUTO | (opt->fp8 & NG_FP8_GELU_OUT);
 	}
 	if (!st && !opt->deterministic &&

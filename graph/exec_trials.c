@@ -468,11 +468,20 @@ static enum ng_status time_fp8_dw(struct ng_exec *e, enum ng_op_which w, int bia
  * sustained load) on scratch filled with a constant; a kind stays fp8 only where that is
  * faster (with --recompute fp8, the cast of W, or W^T, counts too). The cast costs 3 bytes an
  * input element, so an output narrower than about C = 800 loses what the fp8 rate wins
- * (kernels of GPU.md's rates). Plans stay in e->plans. */
-enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd, int own,
+ * (kernels of GPU.md's rates); with --fp8-gelu-out in every layer (graph/step.h
+ * NG_FP8_GELU_OUT) the fc forward writes the fcproj's E4M3 input, so the fcproj casts nothing
+ * once the fc forward stayed fp8. Plans stay in e->plans. The GELU forms (opt->fuse_gelu) are
+ * chosen already. */
+enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, const struct ng_step_options *opt,
 				   int head_rows, float ms[][2], int *mask)
 {
 	const struct ng_gpt_config *m = &e->cfg.model;
+	const int fuse_fwd = (opt->fuse_gelu & NG_GELU_FUSE_FWD) != 0,
+		  fuse_bwd = (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,
+		  own = (opt->fuse_gelu & NG_GELU_FUSE_OWN) != 0;
+	const int gelu_in = (opt->fp8 & NG_FP8_GELU_OUT) && fuse_fwd && opt->recompute_gelu &&
+			    opt->keep_gelu == 0 && m->arch != NG_ARCH_SPEEDRUN &&
+			    e->cfg.K <= NG_FP8_ACT_AMAX_SUB;
 	static const enum ng_op_which kinds[5] = { NG_OP_WHICH_QKV, NG_OP_WHICH_ATTPROJ,
 						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ,
 						   NG_OP_WHICH_HEAD };
@@ -511,7 +520,8 @@ enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd
 		s.bias = !dinp && w != NG_OP_WHICH_HEAD && !spr;
 		s.gelu = dinp ? w == NG_OP_WHICH_FCPROJ && fuse_bwd : w == NG_OP_WHICH_FC && fuse_fwd;
 		/* a LayerNorm writes the E4M3 input of these (1 more byte an element): no cast */
-		int cast = dinp || spr || (w == NG_OP_WHICH_ATTPROJ || w == NG_OP_WHICH_FCPROJ);
+		int cast = dinp || spr || w == NG_OP_WHICH_ATTPROJ ||
+			   (w == NG_OP_WHICH_FCPROJ && !(gelu_in && (*mask & NG_FP8_FC)));
 		int plan[2] = { 0, 0 };
 		st = ng_exec_plan_spec_(e, s, &plan[0]);
 		s.fp8 = 1;
