@@ -99,13 +99,6 @@ static enum ng_status run_fp8_prep(struct ng_exec *e, const struct ng_graph *g,
 						    at * NG_FP8_DESCALE_STRIDE,
 					    r ? S - S4 : S4, NG_FP8_HISTORY, NG_FP8_ACT_MARGIN, s);
 	}
-	if (!st && g->t_fp8_out_scale >= 0) /* NG_FP8_GELU_OUT: the fcproj scales, 16 B apart */
-		st = NG_CUDA_CHECK(cudaMemcpy2DAsync(
-			ng_exec_tensor_(e, g, g->t_fp8_out_scale),
-			NG_FP8_OUT_SCALE_STRIDE * sizeof(float),
-			f + ng_fp8_field_at(L, NG_FP8_ACT_SCALE) +
-				ng_fp8_slot(L, NG_OP_WHICH_FCPROJ, 0),
-			sizeof(float), sizeof(float), (size_t)L, cudaMemcpyDeviceToDevice, s));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemsetAsync(w_amax, 0, (size_t)S4 * sizeof(float), s));
 	/* NG_FP8_* bit i: forward kind i; bit i + NG_FP8_DINP_SHIFT: its dinp */
@@ -185,20 +178,6 @@ static enum ng_status run_matmul_fwd_fp8(struct ng_exec *e, const struct ng_grap
 		return ng_matmul_run_residual(mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8, bias,
 					      ng_exec_tensor_(e, g, op->in[op->n_in - 1]), ad, wd,
 					      (char *)scratch + front, s);
-	if (op->fp8 == 2) { /* the fc forward writing the fcproj's E4M3 input (NG_FP8_GELU_OUT) */
-		const int oslot = ng_fp8_slot(L, NG_OP_WHICH_FCPROJ, op->layer);
-		if (oslot < 0 || op->micro >= NG_FP8_AMAX_SUB || g->t_fp8_out_scale < 0)
-			return ng_fail(NG_ERR_RUNTIME, "op %s: no fcproj scale or maximum line for "
-				       "its E4M3 output", op->name);
-		return ng_matmul_run_fp8_out(
-			mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8, bias,
-			ng_exec_tensor_(e, g, op->out[1]), ad, wd,
-			(float *)ng_exec_tensor_(e, g, g->t_fp8_out_scale) +
-				NG_FP8_OUT_SCALE_STRIDE * op->layer,
-			f + ng_fp8_field_at(L, NG_FP8_ACT_AMAX) + (size_t)NG_FP8_AMAX_FLOATS * oslot +
-				(size_t)(op->micro > 0 ? op->micro : 0) * NG_FP8_AMAX_STRIDE,
-			(char *)scratch + front, s);
-	}
 	return ng_matmul_run_fp8(mm, ng_exec_tensor_(e, g, op->out[0]), in8, w8, bias,
 				 op->gelu ? ng_exec_tensor_(e, g, op->out[1]) : NULL, ad, wd,
 				 (char *)scratch + front, s);

@@ -65,7 +65,7 @@ void ng_graph_init(struct ng_graph *g)
 	memset(g, 0, sizeof(*g));
 	g->t_params_lo = g->t_params_bf16 = g->t_grads = g->t_adam_m = g->t_adam_v = -1;
 	g->t_step_state = g->t_tokens = g->t_eval_loss = g->t_eval_window = g->t_logits_out = -1;
-	g->t_params_fp8 = g->t_fp8_state = g->t_params_fp8t = g->t_fp8_out_scale = -1;
+	g->t_params_fp8 = g->t_fp8_state = g->t_params_fp8t = -1;
 	g->align = NG_ARENA_ALIGN;
 }
 

@@ -333,8 +333,6 @@ struct ng_graph {
 	int t_params_fp8;          /* --fp8 (every kind, for equal offsets): E4M3 weights u8 (P) */
 	int t_fp8_state;           /* --fp8: scales and maxima f32 (graph/step.h "FP8") */
 	int t_params_fp8t;         /* --fp8 dinp kinds: their W^T in E4M3 u8 (graph/step.h) */
-	int t_fp8_out_scale;       /* NG_FP8_GELU_OUT: each layer's fcproj input scale, 16 bytes
-	                            * apart (cuBLASLt's D scale), copied by FP8_PREP */
 
 	size_t persistent_bytes;   /* the persistent region, aligned */
 	size_t arena_bytes;        /* the planned region (non-persistent tensors) */

@@ -336,37 +336,6 @@ static void matmul_fwd(struct ng_bld *b, enum ng_op_which w, int l, int inp, int
 	emit_p(b, op, b->ws.matmul + in8);
 }
 
-/* Whether layer l recomputes (GELU or LayerNorm outputs): the option is on and l is not one of
- * the last `keep` layers. */
-static int recomputes(int on, int keep, int L, int l)
-{
-	return on && l < L - keep;
-}
-
-/* Whether layer l's fc forward writes its GELU output in E4M3 for the fcproj (graph/step.h
- * NG_FP8_GELU_OUT): the GELU in the fc matmul's epilogue, recomputed in the backward, and few
- * enough micro-batches that each records its maximum on a line of its own. */
-static int gelu_e4m3(const struct ng_bld *b, int l)
-{
-	const struct ng_graph *g = b->g;
-	return (g->fp8 & NG_FP8_GELU_OUT) && (g->fuse_gelu & NG_GELU_FUSE_FWD) &&
-	       recomputes(g->recompute_gelu, g->keep_gelu, g->cfg.L, l) && g->K <= NG_FP8_ACT_AMAX_SUB;
-}
-
-/* The fc forward of gelu_e4m3: E4M3 x E4M3 with bias and GELU, out8 the E4M3 GELU output at the
- * fcproj's scale (fp8 = 2), aux the bf16 pre-activation. */
-static void matmul_fwd_e4m3(struct ng_bld *b, int l, int inp, int out8, int aux, int inp8)
-{
-	struct ng_graph *g = b->g;
-	struct ng_op op = mk(NG_OP_MATMUL_FWD, NG_OP_WHICH_FC, l, IN(inp, g->t_params_bf16),
-			     OUT(out8, aux));
-	op.gelu = 1;
-	op.row_count = (int)b->N;
-	size_t w8 = ng_bld_fp8_in(b, &op, b->C, inp8);
-	op.fp8 = 2;
-	emit_p(b, op, b->ws.matmul + w8);
-}
-
 /* One micro-batch's forward up to the final LayerNorm. `sample` splits positions instead of
  * targets. */
 static void build_forward(struct ng_bld *b, struct fwd_out *f, int sample)
@@ -430,14 +399,6 @@ static void build_forward(struct ng_bld *b, struct fwd_out *f, int sample)
 		int ln2_8 = ln_fp8_out(b, &op, NG_OP_WHICH_FC, l, "ln2.e4m3");
 		emit_p(b, op, 0);
 		a->fch = lact(b, l, "fch", NG_DTYPE_BF16, 3, B, T, 4 * C);
-		if (gelu_e4m3(b, l)) { /* the fc forward writes the fcproj's E4M3 input */
-			a->fch_gelu = -1; /* the backward recomputes it */
-			int g8 = lact(b, l, "fch_gelu.e4m3", NG_DTYPE_U8, 3, B, T, 4 * C);
-			matmul_fwd_e4m3(b, l, a->ln2, g8, a->fch, ln2_8);
-			resid = lact(b, l, "resid2", NG_DTYPE_BF16, 3, B, T, C);
-			matmul_fwd(b, NG_OP_WHICH_FCPROJ, l, g8, resid, -1, g8, a->resid1);
-			continue;
-		}
 		a->fch_gelu = lact(b, l, "fch_gelu", NG_DTYPE_BF16, 3, B, T, 4 * C);
 		if (g->fuse_gelu & NG_GELU_FUSE_FWD) {
 			matmul_fwd(b, NG_OP_WHICH_FC, l, a->ln2, a->fch_gelu, a->fch, ln2_8, -1);
@@ -508,6 +469,13 @@ static void build_classifier(struct ng_bld *b, const struct fwd_out *f, int dlnf
 	struct ng_op op = mk(NG_OP_LOSS_ACCUMULATE, NG_OP_WHICH_NONE, -1, IN(losses),
 			     OUT(loss_dst));
 	emit(b, &op, 0);
+}
+
+/* Whether layer l recomputes (GELU or LayerNorm outputs): the option is on and l is not one of
+ * the last `keep` layers. */
+static int recomputes(int on, int keep, int L, int l)
+{
+	return on && l < L - keep;
 }
 
 /* LayerNorm output for a backward use: the stored one, or a recompute from the statistics. */
@@ -761,10 +729,6 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 	/* fp8 weight gradients of the layer kinds whose forward is fp8 (the input's scale; after
 	 * the fused relu^2 took the FC forward out) */
 	fp8 |= opt.fp8 & (fp8 & (NG_FP8_ALL & ~NG_FP8_HEAD)) << NG_FP8_DW_SHIFT;
-	/* the E4M3 GELU output: GPT-2's fc and fcproj both fp8 (each layer checks the rest) */
-	if (cfg->arch != NG_ARCH_SPEEDRUN &&
-	    (fp8 & (NG_FP8_FC | NG_FP8_FCPROJ)) == (NG_FP8_FC | NG_FP8_FCPROJ))
-		fp8 |= opt.fp8 & NG_FP8_GELU_OUT;
 	/* the fused relu^2 forward is bf16 (our own GEMM) */
 	if (g->fuse_relu2)
 		fp8 &= ~NG_FP8_FC;
@@ -801,11 +765,6 @@ static enum ng_status begin(struct ng_bld *b, struct ng_graph *g, enum ng_graph_
 		size_t P8[1] = { ng_fp8t_at(&g->lay, fp8, 5) };
 		g->t_params_fp8t = ng_graph_add_tensor(g, "params_fp8t", NG_DTYPE_U8,
 						       NG_ROLE_PARAM_BF16, true, 1, P8, 0);
-	}
-	if (fp8 & NG_FP8_GELU_OUT) { /* train graphs only, after every shared tensor */
-		size_t O[1] = { (size_t)NG_FP8_OUT_SCALE_STRIDE * (size_t)cfg->L };
-		g->t_fp8_out_scale = ng_graph_add_tensor(g, "fp8_out_scale", NG_DTYPE_F32,
-							 NG_ROLE_OPT_STATE, true, 1, O, 0);
 	}
 	if (kind == NG_GRAPH_EVAL) {
 		size_t one[1] = { 1 };

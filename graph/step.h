@@ -63,9 +63,8 @@ extern "C" {
  *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
  *    forward's weight scale, so both share the weight descale).
- *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw, each kind timed against its bf16 dW
- *    under AUTO; both families), for a layer kind whose forward is fp8 and a step of B x T a
- *    multiple of 16 rows: the dW matmul multiplies dout^T
+ *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw; both families), for a layer kind whose
+ *    forward is fp8 and a step of B x T a multiple of 16 rows: the dW matmul multiplies dout^T
  *    in E5M2 (the dinp's slot and scale) by inp^T in E4M3 (the forward's slot and scale, so
  *    the bytes are the forward's input, transposed), fp32 out. Its scratch takes both
  *    transposes and, with a bias, the column sums of dout that the same cast reads
@@ -74,14 +73,6 @@ extern "C" {
  *    comes next (all but GPT-2's FC-proj when its GELU backward is not fused or runs on our
  *    GEMM), the same cast also writes dout in E5M2 row-major as "dout8.<kind>" (u8, N x OC),
  *    which the dinp matmul reads instead of casting: one read of dout for both.
- *  - The GELU output in E4M3 (NG_FP8_GELU_OUT, opt-in: --fp8-gelu-out; GPT-2): in a layer
- *    whose fc and fcproj forwards are both fp8, whose GELU is the fc matmul's epilogue and
- *    recomputed in the backward (--recompute gelu), with K <= NG_FP8_AMAX_SUB micro-batches,
- *    the fc forward writes the fcproj's E4M3 input itself ("fch_gelu.e4m3", u8; cuBLASLt's
- *    FP8 output at the fcproj slot's scale, which FP8_PREP copies into "fp8_out_scale" 16
- *    bytes apart (cuBLASLt refuses a scale pointer that is not 16-byte aligned, as it does
- *    the descales), its maximum into the slot's line `micro`) and
- *    the fcproj forward casts nothing: no bf16 GELU output is written or read.
  *  - The speedrun head's backward (NG_FP8_HEAD_BWD, with NG_FP8_HEAD; the speedrun family
  *    only): the soft-capped loss writes its gradient as g8 = E5M2(dz x NG_SPR_HEAD_GSCALE), a
  *    static scale as the speedrun's reference (|dz| <= cap / (4 div) = 0.036 keeps it below
@@ -102,10 +93,9 @@ enum ng_fp8_kinds { NG_FP8_QKV = 1, NG_FP8_ATTPROJ = 2, NG_FP8_FC = 4, NG_FP8_FC
 		    NG_FP8_DINP_FCPROJ = 512, NG_FP8_DINP_ALL = 960,
 		    NG_FP8_EVERY = NG_FP8_ALL | NG_FP8_DINP_ALL, NG_FP8_HEAD_BWD = 1024,
 		    NG_FP8_DW_QKV = 2048, NG_FP8_DW_ATTPROJ = 4096, NG_FP8_DW_FC = 8192,
-		    NG_FP8_DW_FCPROJ = 16384, NG_FP8_DW_ALL = 30720, NG_FP8_GELU_OUT = 32768 };
+		    NG_FP8_DW_FCPROJ = 16384, NG_FP8_DW_ALL = 30720 };
 #define NG_FP8_DINP_SHIFT 6 /* dinp bit of a layer kind = its forward bit << 6 */
 #define NG_FP8_DW_SHIFT 11  /* dW bit of a layer kind = its forward bit << 11 */
-#define NG_FP8_OUT_SCALE_STRIDE 4 /* floats between two layers' fp8_out_scale */
 static inline int ng_fp8_bit(enum ng_op_which w)
 {
 	if (w == NG_OP_WHICH_HEAD)

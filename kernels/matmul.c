@@ -135,13 +135,6 @@ static enum ng_status check_spec_(const struct ng_matmul_spec *sp)
 			"(\"TN\") layout; a DW takes both operands transposed, (OC, N) and (IC, N)");
 		return NG_ERR_INPUT;
 	}
-	if (sp->fp8 == 2 && (sp->kind != NG_MATMUL_FWD || sp->accumulate))
-		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: an E4M3 output "
-					 "(fp8 = 2) is for a FWD without accumulate", k, sp->N,
-					 sp->IC, sp->OC);
-	if (sp->fp8 < 0 || sp->fp8 > 2)
-		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: fp8 = %d (0, 1 or "
-					 "2)", k, sp->N, sp->IC, sp->OC, sp->fp8);
 	if (sp->relu2 && (!sp->own || sp->gelu || sp->bias || sp->fp8 || sp->accumulate ||
 			  sp->kind != NG_MATMUL_FWD))
 		return ng_check_arg_fail("ng_matmul_plan", "%s N=%d IC=%d OC=%d: relu2 is for our "
@@ -231,12 +224,6 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 			set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fake,
 				  sizeof(fake))))
 		return NG_ERR_RUNTIME;
-	/* an E4M3 output: its scale and the maximum cuBLASLt records, likewise */
-	if (sp->fp8 == 2 && (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &fake,
-				       sizeof(fake)) ||
-			     set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &fake,
-				       sizeof(fake))))
-		return NG_ERR_RUNTIME;
 	if (sp->gelu) {
 		int64_t ld = mm->m; /* aux has D's shape: (m, n) column-major */
 		int32_t at = CUDA_R_16BF;
@@ -254,8 +241,8 @@ static enum ng_status build_descriptors_(struct ng_matmul *mm)
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->b, b_t, br, bc, (int64_t)br)) ||
 	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->c, dt, (uint64_t)mm->m, (uint64_t)mm->n,
 						       mm->m)) ||
-	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->d, sp->fp8 == 2 ? CUDA_R_8F_E4M3 : dt,
-						       (uint64_t)mm->m, (uint64_t)mm->n, mm->m)))
+	    NG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mm->d, dt, (uint64_t)mm->m, (uint64_t)mm->n,
+						       mm->m)))
 		return NG_ERR_RUNTIME;
 	if (mm->colsum) { /* dbias (OC, 1) = dout (OC x N, ld OC) * v (N x 1, ld N up to 8) */
 		if (NG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mm->sdesc, CUBLAS_COMPUTE_32F,
@@ -458,9 +445,6 @@ static enum ng_status autotune_(struct ng_matmul *mm, const struct ng_matmul_ctx
 		 ? ng_matmul_run_residual(mm, t.out, t.a, t.b, t.bias, t.out,                    \
 					  sp->fp8 ? (const float *)t.bias : NULL,                 \
 					  sp->fp8 ? (const float *)t.bias : NULL, t.ws, 0)        \
-	 : sp->fp8 == 2 ? ng_matmul_run_fp8_out(mm, t.out, t.a, t.b, t.bias, t.aux,               \
-					  (const float *)t.bias, (const float *)t.bias,            \
-					  (const float *)t.bias, (float *)t.bias + 8, t.ws, 0)     \
 	 : sp->fp8 ? ng_matmul_run_fp8(mm, t.out, t.a, t.b, t.bias, t.aux, (const float *)t.bias,  \
 				     (const float *)t.bias, t.ws, 0)                              \
 		 : ng_matmul_run(mm, t.out, t.a, t.b, t.bias, t.aux, t.bias, t.ws, 0))
@@ -887,39 +871,10 @@ enum ng_status ng_matmul_run_residual(const struct ng_matmul *mm, void *out, con
 	return run_(mm, out, a, b, bias, NULL, NULL, residual, NULL, workspace, s);
 }
 
-enum ng_status ng_matmul_run_fp8_out(const struct ng_matmul *mm, void *out8, const void *a,
-				     const void *b, const void *bias, void *aux,
-				     const float *a_descale, const float *b_descale,
-				     const float *d_scale, float *d_amax, void *workspace,
-				     cudaStream_t s)
-{
-	const char *who = "ng_matmul_run_fp8_out";
-	const struct ng_matmul_spec *sp = &mm->spec;
-	if (sp->fp8 != 2)
-		return ng_check_arg_fail(who, "%s N=%d IC=%d OC=%d: not a plan with an E4M3 output "
-					 "(spec.fp8 = 2)", kind_name_(sp->kind), sp->N, sp->IC,
-					 sp->OC);
-	if (!d_scale || !d_amax || (uintptr_t)d_scale % 16 || (uintptr_t)d_amax % 16)
-		return ng_check_arg_fail(who, "FWD N=%d IC=%d OC=%d: the output's scale and maximum "
-					 "must be 16-byte aligned device pointers (as the descales)",
-					 sp->N, sp->IC, sp->OC);
-	enum ng_status st = set_descales_(mm, who, a_descale, b_descale);
-	if (st)
-		return st;
-	if (set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale, sizeof(d_scale)) ||
-	    set_attr_(mm->desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &d_amax, sizeof(d_amax)))
-		return NG_ERR_RUNTIME;
-	return run_(mm, out8, a, b, bias, aux, NULL, NULL, NULL, workspace, s);
-}
-
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
 				 const void *b, const void *bias, void *aux, const float *a_descale,
 				 const float *b_descale, void *workspace, cudaStream_t s)
 {
-	if (mm->spec.fp8 == 2)
-		return ng_check_arg_fail("ng_matmul_run_fp8", "FWD N=%d IC=%d OC=%d writes E4M3: run "
-					 "it with ng_matmul_run_fp8_out and the output's scale",
-					 mm->spec.N, mm->spec.IC, mm->spec.OC);
 	if (mm->spec.accumulate && mm->spec.kind == NG_MATMUL_FWD)
 		return ng_check_arg_fail("ng_matmul_run_fp8", "FWD N=%d IC=%d OC=%d adds a residual: "
 					 "run it with ng_matmul_run_residual", mm->spec.N,

@@ -155,10 +155,7 @@ struct ng_matmul_spec {
 	                 * W comes as its transpose (IC, OC) in E4M3; DW (no bias): both operands
 	                 * transposed, dout^T (OC, N) E5M2 and inp^T (IC, N) E4M3, dW fp32; each
 	                 * with a device descale (ng_matmul_run_fp8); out, aux and bias stay bf16;
-	                 * IC and OC (DW: and N) multiples of 16; needs an FP8 GPU (sm_89 / sm_90).
-	                 * 2 (FWD, no accumulate): fp8 in and out: out (N, OC) E4M3 = the result
-	                 * (after bias and GELU) times a device scale, its largest |value| before
-	                 * the scale recorded (ng_matmul_run_fp8_out); aux stays bf16 */
+	                 * IC and OC (DW: and N) multiples of 16; needs an FP8 GPU (sm_89 / sm_90) */
 	int own;        /* (FWD: with relu2, below) DINP with gelu, bf16: run our own Hopper GEMM (kernels/gemm_sm90.h) with
 	                 * the DGELU epilogue, untimed, no cuBLASLt: W comes as its transpose (IC,
 	                 * OC), and ng_matmul_run_dgelu can write GELU(aux) as well (the activation
@@ -271,16 +268,6 @@ enum ng_status ng_matmul_run_residual(const struct ng_matmul *mm, void *out, con
 enum ng_status ng_matmul_run_fp8(const struct ng_matmul *mm, void *out, const void *a,
 				 const void *b, const void *bias, void *aux, const float *a_descale,
 				 const float *b_descale, void *workspace, cudaStream_t s);
-
-/* Run a FWD plan with spec.fp8 = 2 as ng_matmul_run_fp8, the output out8 (N, OC) in E4M3:
- * E4M3(*d_scale x the result, as cuBLASLt converts it), and *d_amax = the largest |result|
- * before the scale (cuBLASLt writes it: "=", not "max="). d_scale and d_amax: 16-byte aligned
- * device floats. */
-enum ng_status ng_matmul_run_fp8_out(const struct ng_matmul *mm, void *out8, const void *a,
-				     const void *b, const void *bias, void *aux,
-				     const float *a_descale, const float *b_descale,
-				     const float *d_scale, float *d_amax, void *workspace,
-				     cudaStream_t s);
 
 /* Run a DINP plan with spec.own: dinp = (dout @ W) * GELU'(aux) as ng_matmul_run, from wt = W^T
  * (IC, OC) bf16 (ng_transpose_bf16 makes it), and post (N, IC) bf16 = GELU(aux) unless post is

@@ -169,9 +169,7 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 		ng_step_parse_recompute(o->recompute, o->fp8, &c->step); /* checked by train */
 	c->step.head_chunk_rows = (int)o->head_chunk;
 	c->gpu_mem = (size_t)(o->gpu_mem_gib * 1073741824.0);
-	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO | (o->fp8_dw ? NG_FP8_DW_ALL : 0) |
-				       (o->fp8_gelu_out ? NG_FP8_GELU_OUT : 0)
-			     : 0;
+	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO | (o->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
 	/* the speedrun model's head is FP8 as its reference's (on GPUs that have it: exec.c) */
 	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && !o->fp8 && !o->head_bf16)
 		c->step.fp8 = NG_FP8_HEAD;
@@ -266,16 +264,12 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, ")\n");
 	}
 	if (c.step.fp8) {
-		static const char *kind[NG_EXEC_FP8_KINDS] = {
-			"qkv",	"attproj",  "fc",      "fcproj",   "head",     "dqkv",	"dattproj",
-			"dfc",	"dfcproj",  "qkv-dW", "attproj-dW", "fc-dW", "fcproj-dW"
-		};
+		static const char *kind[NG_EXEC_FP8_KINDS] = { "qkv",	  "attproj",	  "fc",
+							       "fcproj",  "head",	  "dqkv",
+							       "dattproj", "dfc",	  "dfcproj" };
 		fprintf(log, "fp8: forward matmuls in E4M3 (x E4M3 weights):");
 		int any = 0, timed = 0;
 		for (int k = 0; k < NG_EXEC_FP8_KINDS; k++) {
-			timed |= rep.fp8_ms[k][0] >= 0;
-			if (k >= 9) /* the dW kinds: below */
-				continue;
 			int bit = k < 5 ? 1 << k : 1 << (k - 5 + NG_FP8_DINP_SHIFT);
 			if (k == 5) {
 				fprintf(log, "%s; input gradients (dinp) in E5M2:", any ? "" : " none");
@@ -283,25 +277,17 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			}
 			if (g->fp8 & bit)
 				fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
+			timed |= rep.fp8_ms[k][0] >= 0;
 		}
 		fprintf(log, "%s", any ? "" : " none");
-		if (o->fp8_dw) { /* --fp8-dw: where the kind's forward is fp8 and its dW timed
-				  * faster (all of them under --deterministic, untimed) */
+		if (g->fp8 & NG_FP8_DW_ALL) { /* --fp8-dw: where the kind's forward is fp8 */
 			fprintf(log, "; weight gradients (dW) in E5M2 x E4M3:");
 			any = 0;
 			for (int k = 0; k < 4; k++)
 				if ((g->fp8 & 1 << (k + NG_FP8_DW_SHIFT)) && (g->fp8 & 1 << k) &&
 				    (g->B * g->T) % 16 == 0)
 					fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
-			fprintf(log, "%s", any ? "" : " none");
-		}
-		if (o->fp8_gelu_out) {
-			int n8 = 0;
-			for (int i = 0; i < g->n_ops; i++)
-				n8 += g->ops[i].kind == NG_OP_MATMUL_FWD && g->ops[i].fp8 == 2;
-			fprintf(log, "; the fc forward writes the fcproj's E4M3 input in %d of %d "
-				"layer(s)%s", n8 / (g->K > 0 ? g->K : 1), g->cfg.L,
-				n8 ? "" : " (needs fc and fcproj fp8, the fused GELU, --recompute gelu)");
+			fprintf(log, "%s", any ? "" : " none (their forward matmuls are bf16)");
 		}
 		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");

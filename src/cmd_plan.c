@@ -33,11 +33,10 @@ struct plan_args {
 	const char *step;      /* "train", "eval", "sample" */
 	bool fp8;              /* --fp8: every kind of fp8 matmul (forward E4M3, dinp E5M2) */
 	bool fp8_dw;           /* --fp8-dw: the layers' dW too */
-	bool fp8_gelu_out;     /* --fp8-gelu-out: the fc forward writes the fcproj's E4M3 input */
 	double gpu_gib;        /* plan's --gpu-mem (0: not given): --recompute auto's budget */
 };
 
-#define PLAN_NFLAGS 10
+#define PLAN_NFLAGS 9
 
 static void plan_flags(struct plan_args *a, struct ng_flag *f)
 {
@@ -69,9 +68,6 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		{ "--fp8-dw", NG_FLAG_BOOL, &a->fp8_dw, 0, 0, NULL,
 		  "with --fp8: the layers' weight-gradient matmuls in FP8 too, as train --fp8-dw",
 		  false },
-		{ "--fp8-gelu-out", NG_FLAG_BOOL, &a->fp8_gelu_out, 0, 0, NULL,
-		  "with --fp8: the fc forward writes the fcproj's E4M3 input where GELU is "
-		  "recomputed, as train --fp8-gelu-out", false },
 		{ "--gpu-mem", NG_FLAG_DOUBLE, &a->gpu_gib, 0, 1e6, "GIB",
 		  "with --recompute auto the least recompute that fits this much (the step's own "
 		  "bytes); plan also fails when the step needs more", false },
@@ -99,14 +95,7 @@ static enum ng_status build(const struct ng_model_args *ma, const struct plan_ar
 		ng_hint("add --fp8");
 		return NG_ERR_INPUT;
 	}
-	if (pa->fp8_gelu_out && !pa->fp8) {
-		ng_fail(NG_ERR_INPUT, "--fp8-gelu-out: an E4M3 GELU output needs --fp8");
-		ng_hint("add --fp8");
-		return NG_ERR_INPUT;
-	}
-	o.fp8 = pa->fp8 ? NG_FP8_EVERY | (pa->fp8_dw ? NG_FP8_DW_ALL : 0) |
-				  (pa->fp8_gelu_out ? NG_FP8_GELU_OUT : 0)
-			: 0;
+	o.fp8 = pa->fp8 ? NG_FP8_EVERY | (pa->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
 	/* the speedrun model's head is FP8 both ways by default, as train makes it */
 	if (shape->model.arch == NG_ARCH_SPEEDRUN)
 		o.fp8 |= NG_FP8_HEAD | NG_FP8_HEAD_BWD;

@@ -109,12 +109,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "forward E4M3, input gradients E5M2 x E4M3 (weight gradients stay bf16)", false },
 		{ "--fp8-dw", NG_FLAG_BOOL, &o.fp8_dw, 0, 0, NULL,
 		  "GPU, with --fp8: the weight-gradient matmuls of the layer kinds whose forward is "
-		  "FP8 in FP8 too where they time faster (E5M2 gradient x E4M3 input, the bias "
-		  "gradient from the same cast; all of them under --deterministic)", false },
-		{ "--fp8-gelu-out", NG_FLAG_BOOL, &o.fp8_gelu_out, 0, 0, NULL,
-		  "GPU, GPT-2, with --fp8 and --recompute gelu: where the fc and fcproj forwards are "
-		  "both FP8, the fc matmul writes its GELU output in E4M3 for the fcproj itself (no "
-		  "bf16 GELU output, no cast)", false },
+		  "FP8 in FP8 too (E5M2 gradient x E4M3 input, the bias gradient from the same "
+		  "cast)", false },
 		{ "--head-bf16", NG_FLAG_BOOL, &o.head_bf16, 0, 0, NULL,
 		  "GPU, speedrun model: the head's forward matmul in bf16 (default: FP8 E4M3 with "
 		  "per-tensor scales, as the speedrun's, on sm_89+)", false },
@@ -276,12 +272,6 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		return ng_fail(NG_ERR_INPUT, "train --target-val-loss: one process only (rank 0 "
 			       "validates, and the ranks would not stop at the same step)");
 	struct ng_backend be;
-	if (o.fp8_gelu_out && !o.fp8) {
-		ng_fail(NG_ERR_INPUT, "train --fp8-gelu-out: an E4M3 GELU output needs --fp8 (the "
-			"fcproj forward that reads it is an FP8 matmul)");
-		ng_hint("add --fp8");
-		return NG_ERR_INPUT;
-	}
 	if (o.fp8_dw && !o.fp8) {
 		ng_fail(NG_ERR_INPUT, "train --fp8-dw: weight gradients in FP8 need --fp8 (their "
 			"input's scale is the FP8 forward's)");

@@ -84,14 +84,6 @@ static void random_case(struct ng_gpt_config *c, int *B, int *T, int *K,
 							  : 1 + (int)ng_rng_below(&rng_, (uint64_t)(*B * *T));
 }
 
-/* random_case with C fit for --fp8. */
-static void random_fp8_case(struct ng_gpt_config *c, int *B, int *T, int *K,
-			    struct ng_step_options *o)
-{
-	random_case(c, B, T, K, o);
-	fp8_fit(c);
-}
-
 static int count_kind(const struct ng_graph *g, enum ng_op_kind k)
 {
 	int n = 0;
@@ -508,7 +500,8 @@ Test(step, fp8_graphs, .init = setup_)
 		struct ng_gpt_config c;
 		struct ng_step_options o;
 		int B, T, K;
-		random_fp8_case(&c, &B, &T, &K, &o);
+		random_case(&c, &B, &T, &K, &o);
+		fp8_fit(&c);
 		int mask = (int)ng_rng_below(&rng_, NG_FP8_ALL + 1) |
 			   (int)ng_rng_below(&rng_, 16) << NG_FP8_DINP_SHIFT;
 		if (!mask)
@@ -666,7 +659,8 @@ Test(step, fp8_dw_graphs, .init = setup_)
 		struct ng_gpt_config c;
 		struct ng_step_options o;
 		int B, T, K;
-		random_fp8_case(&c, &B, &T, &K, &o);
+		random_case(&c, &B, &T, &K, &o);
+		fp8_fit(&c);
 		if (rep % 3 == 0 && c.T >= 16) /* whole 16-row groups */
 			T = 16 * (1 + (int)ng_rng_below(&rng_, (uint64_t)c.T / 16));
 		int fwd = (int)ng_rng_below(&rng_, 16), dinp = (int)ng_rng_below(&rng_, 16),
@@ -730,82 +724,6 @@ Test(step, fp8_dw_graphs, .init = setup_)
 	}
 	cr_assert_gt(fp8_dw, 0, "seed %llu: no fp8 dW in 60 graphs", (unsigned long long)seed_);
 	cr_assert_gt(shared, 0, "seed %llu: no shared cast in 60 graphs", (unsigned long long)seed_);
-}
-
-/* --fp8-gelu-out (NG_FP8_GELU_OUT): the fc forward of a layer writes the fcproj's E4M3 input
- * (fp8 = 2, a u8 output, the pre-activation as aux) exactly where its fc and fcproj forwards
- * are fp8, GELU is the fc epilogue, the layer recomputes GELU and K <= 32; the fcproj forward
- * of that layer and micro-batch then reads those bytes and casts nothing, and no bf16 GELU
- * output is made in the forward. Elsewhere the graph is as without it. */
-Test(step, fp8_gelu_out_graphs, .init = setup_)
-{
-	int fused = 0;
-	for (int rep = 0; rep < 60; rep++) {
-		struct ng_gpt_config c;
-		struct ng_step_options o;
-		int B, T, K;
-		random_fp8_case(&c, &B, &T, &K, &o);
-		if (rep % 10 == 9)
-			K = 33; /* more micro-batches than maxima lines: no fusion */
-		o.fp8 = (int)ng_rng_below(&rng_, 32) | NG_FP8_GELU_OUT;
-		if (rep % 2)
-			o.fp8 |= NG_FP8_FC | NG_FP8_FCPROJ;
-		if (rep % 4 == 1) { /* every condition met in some graphs */
-			o.fuse_gelu |= NG_GELU_FUSE_FWD;
-			o.recompute_gelu = 1;
-			o.keep_gelu = 0;
-		}
-		if (!(o.fp8 & NG_FP8_EVERY))
-			o.fp8 |= NG_FP8_QKV;
-		struct ng_graph g;
-		cr_assert_eq(ng_step_build_train(&g, &c, B, T, K, &o), NG_OK, "seed %llu: %s",
-			     (unsigned long long)seed_, ng_error_message());
-		check_dataflow(&g, "fp8 gelu out");
-		check_shapes(&g, "fp8 gelu out");
-		const int both = (o.fp8 & (NG_FP8_FC | NG_FP8_FCPROJ)) == (NG_FP8_FC | NG_FP8_FCPROJ);
-		for (int i = 0; i < g.n_ops; i++) {
-			const struct ng_op *op = &g.ops[i];
-			if (op->kind != NG_OP_MATMUL_FWD || op->which != NG_OP_WHICH_FC)
-				continue;
-			const int want = both && (o.fuse_gelu & NG_GELU_FUSE_FWD) &&
-					 re_(o.recompute_gelu, o.keep_gelu, c.L, op->layer) && K <= 32;
-			cr_assert_eq(op->fp8 == 2, want, "seed %llu: %s (fp8 %d, fuse %d, recompute "
-				     "%d keep %d, L %d, K %d)", (unsigned long long)seed_, op->name,
-				     op->fp8, o.fuse_gelu, o.recompute_gelu, o.keep_gelu, c.L, K);
-			int pj = -1; /* the fcproj forward of the same layer and micro-batch */
-			for (int j = i + 1; j < g.n_ops && pj < 0; j++)
-				if (g.ops[j].kind == NG_OP_MATMUL_FWD &&
-				    g.ops[j].which == NG_OP_WHICH_FCPROJ &&
-				    g.ops[j].layer == op->layer && g.ops[j].micro == op->micro)
-					pj = j;
-			cr_assert_geq(pj, 0, "%s has no fcproj forward", op->name);
-			const struct ng_op *p = &g.ops[pj];
-			if (!want) {
-				cr_assert_neq(g.tensors[op->out[0]].dtype, NG_DTYPE_U8, "%s", op->name);
-				continue;
-			}
-			fused++;
-			cr_assert(g.t_fp8_out_scale >= 0 &&
-					  g.tensors[g.t_fp8_out_scale].bytes == 16 * (size_t)c.L,
-				  "%s: the fcproj scales 16 bytes apart", op->name);
-			const struct ng_tensor *t8 = &g.tensors[op->out[0]];
-			cr_assert(t8->dtype == NG_DTYPE_U8 &&
-					  t8->bytes == (size_t)B * T * 4 * (size_t)c.C,
-				  "%s: %s", op->name, t8->name);
-			cr_assert(op->gelu && op->n_out == 2, "%s", op->name);
-			cr_assert_eq(g.tensors[op->out[1]].dtype, NG_DTYPE_BF16, "%s aux", op->name);
-			cr_assert_eq(p->fp8, 1, "%s", p->name);
-			cr_assert_eq(p->n_in - p->residual, 5, "%s: the E4M3 input, no cast", p->name);
-			cr_assert_eq(p->in[4], op->out[0], "%s reads %s", p->name,
-				     g.tensors[p->in[4]].name);
-			cr_assert_eq(t8->last_op, pj, "%s: %s", op->name, t8->name);
-			for (int j = i; j < pj; j++)
-				cr_assert_neq(g.ops[j].kind, NG_OP_GELU_FWD, "%s", g.ops[j].name);
-		}
-		ng_graph_free(&g);
-	}
-	cr_assert_gt(fused, 0, "seed %llu: no E4M3 GELU output in 60 graphs",
-		     (unsigned long long)seed_);
 }
 
 Test(step, bad_sizes_are_input_errors)

@@ -100,13 +100,10 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	struct ng_exec_config c;
 	tiny_config(&c, 64, 64, 2, 500, 4, 2);
 	c.step.fuse_gelu = fuse;
-	/* every kind, untimed; 3: the weight gradients too (--fp8-dw); 4: the fc forward writes
-	 * the fcproj's E4M3 input (--fp8-gelu-out, which needs --recompute gelu) */
-	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) |
-				   (fp8 == 4 ? NG_FP8_GELU_OUT : 0)
-			 : 0;
+	/* every kind, untimed; 3: the weight gradients too (--fp8-dw) */
+	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) : 0;
 	c.step.recompute_fp8 = fp8 == 2; /* 2: the matmuls cast their own weights */
-	c.step.recompute_gelu = recompute_gelu != 0 || fp8 == 4;
+	c.step.recompute_gelu = recompute_gelu != 0;
 	if (recompute_gelu == 2) {
 		c.step.keep_gelu = 1;
 		c.step.recompute_layernorm = 1;
@@ -125,16 +122,9 @@ static void step_matches(int fuse, int fp8, int recompute_gelu)
 	cr_assert_eq(st, NG_OK, "init: %s", ng_error_message());
 	fprintf(stderr, "step_matches_cpu_reference (gelu fusion %s%s%s): planned, %s\n",
 		ng_step_gelu_fusion_name(e.train.fuse_gelu),
-		fp8 == 3 ? ", fp8 with dW" : fp8 == 4 ? ", fp8 with the E4M3 GELU output"
-		: fp8 ? ", fp8" : "",
+		fp8 == 3 ? ", fp8 with dW" : fp8 ? ", fp8" : "",
 		recompute_gelu == 2 ? ", --recompute gelu,layernorm in layer 0 only"
 		: recompute_gelu ? ", --recompute gelu" : "", ng_attention_describe(&e.att));
-	if (fp8 == 4) { /* not vacuous: some fc forward writes E4M3 */
-		int n8 = 0;
-		for (int i = 0; i < e.train.n_ops; i++)
-			n8 += e.train.ops[i].kind == NG_OP_MATMUL_FWD && e.train.ops[i].fp8 == 2;
-		cr_assert_gt(n8, 0, "no fc forward writes the E4M3 GELU output");
-	}
 
 	/* K micro-batches of fresh random tokens */
 	int B = c.B, T = c.T, K = c.K, V = c.model.V;
@@ -284,73 +274,6 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 	 * comes after its dinp and casts dout again */
 	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 3, 0);
 	step_matches(NG_GELU_FUSE_FWD, 3, 0);
-	/* --fp8-gelu-out: the fcproj reads the fc forward's E4M3 bytes, the backward recomputes */
-	step_matches(NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD, 4, 1);
-}
-
-/* Skips the calling test on a machine without a GPU, or with one that has no FP8. */
-static void skip_without_fp8(void)
-{
-	if (ng_cuda_device_count() == 0)
-		cr_skip_test("no CUDA device");
-	int major, minor;
-	sm_version(&major, &minor);
-	if (major * 10 + minor < 89)
-		cr_skip_test("no FP8 on sm_%d%d", major, minor);
-}
-
-/* --fp8 --fp8-dw as train runs it (AUTO): each layer kind's dW is timed against its bf16 dW
- * where the kind's forward stayed fp8, kept exactly where it timed faster, and never without
- * its forward; then two steps train to finite losses. A shape where the fp8 forward wins
- * (the wide qkv and fc outputs of C = 1024 over 8192 rows), so that some dW is timed. */
-Test(train_gpu, fp8_dw_timed_per_kind)
-{
-	skip_without_fp8();
-	struct ng_exec_config c;
-	tiny_config(&c, 1024, 1024, 8, 512, 8, 1);
-	c.step.fp8 = NG_FP8_EVERY | NG_FP8_AUTO | NG_FP8_DW_ALL;
-	struct ng_exec e;
-	struct ng_exec_report rep;
-	cr_assert_eq(ng_exec_init(&e, &c, &rep), NG_OK, "init: %s", ng_error_message());
-	static const enum ng_op_which kinds[4] = { NG_OP_WHICH_QKV, NG_OP_WHICH_ATTPROJ,
-						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ };
-	int timed = 0;
-	for (int k = 0; k < 4; k++) {
-		const float *ms = rep.fp8_ms[9 + k];
-		const int fwd = (e.train.fp8 & ng_fp8_bit(kinds[k])) != 0,
-			  dw = (e.train.fp8 & ng_fp8_dw_bit(kinds[k])) != 0;
-		fprintf(stderr, "fp8_dw_timed_per_kind: kind %d forward %s, dW bf16 %.3f / fp8 %.3f "
-			"ms -> %s\n", k, fwd ? "fp8" : "bf16", ms[0], ms[1], dw ? "fp8" : "bf16");
-		cr_expect(!dw || fwd, "kind %d: an fp8 dW without its fp8 forward", k);
-		if (!fwd)
-			continue;
-		cr_expect(ms[0] > 0 && ms[1] > 0, "kind %d: its dW was not timed", k);
-		cr_expect_eq(dw, ms[1] < ms[0], "kind %d: dW %s against %.3f / %.3f ms", k,
-			     dw ? "fp8" : "bf16", ms[0], ms[1]);
-		timed++;
-	}
-	cr_assert_gt(timed, 0, "no kind's forward stayed fp8 at C = 1024 over 8192 rows, so no "
-		     "dW was timed");
-	struct ng_synth s;
-	cr_assert_eq(ng_synth_init(&s, c.model.V, 3), NG_OK);
-	float loss[2];
-	int got = 0;
-	for (int i = 0; i < 2; i++) {
-		uint16_t *tok;
-		cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
-		ng_synth_batch(&s, 0, (uint64_t)i, c.B, c.T, tok);
-		cr_assert_eq(ng_exec_submit(&e), NG_OK, "%s", ng_error_message());
-	}
-	struct ng_metrics_record r[NG_EXEC_RING];
-	int n;
-	cr_assert_eq(ng_exec_collect(&e, r, NULL, NG_EXEC_RING, true, &n), NG_OK);
-	for (int j = 0; j < n && got < 2; j++)
-		loss[got++] = r[j].loss;
-	cr_assert_eq(got, 2);
-	for (int i = 0; i < 2; i++)
-		cr_expect(isfinite(loss[i]) && loss[i] > 0.0f, "step %d: loss %g", i, loss[i]);
-	ng_synth_free(&s);
-	ng_exec_free(&e);
 }
 
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
@@ -359,13 +282,9 @@ static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 	struct ng_exec_config c;
 	tiny_config(&c, T, 128, 2, 512, 2, 2);
 	c.deterministic = 1;
-	/* every kind, untimed; 3: the weight gradients too (--fp8-dw); 4: the fc forward writes
-	 * the fcproj's E4M3 input (--fp8-gelu-out, which needs --recompute gelu) */
-	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) |
-				   (fp8 == 4 ? NG_FP8_GELU_OUT : 0)
-			 : 0;
+	/* every kind, untimed; 3: the weight gradients too (--fp8-dw) */
+	c.step.fp8 = fp8 ? NG_FP8_EVERY | (fp8 == 3 ? NG_FP8_DW_ALL : 0) : 0;
 	c.step.recompute_fp8 = fp8 == 2; /* 2: --recompute fp8 */
-	c.step.recompute_gelu = fp8 == 4;
 	c.no_graph = no_graph;
 	c.sched.total = steps;
 	c.muon.total = steps;
@@ -443,7 +362,12 @@ static double follows_bf16(const char *what, const float *g, const float *e, con
  * the loss must follow the bf16 run's (follows_bf16); the same with --fp8-dw. */
 Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 {
-	skip_without_fp8();
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	int major, minor;
+	sm_version(&major, &minor);
+	if (major * 10 + minor < 89)
+		cr_skip_test("no FP8 on sm_%d%d", major, minor);
 	enum { STEPS = 20 };
 	float a[STEPS], b[STEPS], r[STEPS], w[STEPS], dg[STEPS], de[STEPS];
 	run_losses(0, 128, a, STEPS, 1);
@@ -452,15 +376,11 @@ Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 	run_losses(0, 128, w, STEPS, 2); /* weights cast at each use: the same bytes */
 	run_losses(0, 128, dg, STEPS, 3); /* --fp8-dw */
 	run_losses(1, 128, de, STEPS, 3);
-	float og[STEPS], oe[STEPS];
-	run_losses(0, 128, og, STEPS, 4); /* --fp8-gelu-out (with --recompute gelu) */
-	run_losses(1, 128, oe, STEPS, 4);
 	for (int i = 0; i < STEPS; i++)
 		cr_expect(memcmp(&a[i], &w[i], sizeof(float)) == 0, "fp8 step %d: copies %.9g, "
 			  "--recompute fp8 %.9g", i + 1, a[i], w[i]);
 	follows_bf16("fp8", a, b, r, STEPS);
 	follows_bf16("fp8 with dW", dg, de, r, STEPS);
-	follows_bf16("fp8 with the E4M3 GELU output", og, oe, r, STEPS);
 }
 
 /* --optimizer muon: one step of the GPU graph, the gradients against the CPU reference as above,
