@@ -9,6 +9,9 @@
  *    between checkpoints, validation excluded) from made-up logs of the three runs; with
  *    repeated (--tag) runs, each kind's mean and range at the checkpoints all runs share;
  *  - tools/fp8-parity report: the FP8 runs' loss differences from bf16's, from made-up metrics;
+ *  - tools/ab: three sides (a build, its flags, its environment) in interleaved rounds, each
+ *    run with a fresh autotune cache, against a stand-in nanograph; a deadline (-t) that stops
+ *    before a run would pass it; bad arguments exit 2;
  *  - tools/export_init with shape flags (the peers' and ref_check's init): the file holds
  *    ng_gpt_init's floats for that shape, bit for bit; a bad flag exits 2 with one line.
  */
@@ -317,6 +320,121 @@ Test(race, fp8_parity_report, .timeout = 60)
 		"step 100: --fp8 --fp8-dw 4.0000, bf16 4.0000",
 	};
 	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
+	free(r);
+}
+
+/* A stand-in nanograph in <test dir>/stub: `train` writes 20 metrics rows at 1000 tok/s (1100
+ * with --fast, 2 more a unit of NG_BUMP), records its XDG_CACHE_HOME, prints a plan line, and
+ * sleeps NG_SLEEP seconds. Returns the command prefix that runs tools/ab with OUT in the test
+ * dir. */
+static void ab_stub(char *pre, size_t n)
+{
+	if (access("tools/ab", X_OK) != 0)
+		cr_skip_test("tools/ab not here: run from the source root");
+	if (system("python3 -c pass >/dev/null 2>&1") != 0)
+		cr_skip_test("no python3");
+	ng_test_dir_make("ng_ab_");
+	char p[512];
+	snprintf(p, sizeof(p), "%s/stub", ng_test_dir);
+	cr_assert(mkdir(p, 0700) == 0);
+	snprintf(p, sizeof(p), "%s/stub/nanograph", ng_test_dir);
+	FILE *f = fopen(p, "w");
+	cr_assert(f);
+	fprintf(f, "#!/usr/bin/env bash\n"
+		   "[ \"$1\" = train ] || exit 3\n"
+		   "m='' r=1000\n"
+		   "for a in \"$@\"; do [ \"$a\" = --fast ] && r=1100; done\n"
+		   "while [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && m=$2; shift; done\n"
+		   "r=$(( r + 2 * ${NG_BUMP:-0} ))\n"
+		   "echo \"$XDG_CACHE_HOME\" >> '%s/caches'\n"
+		   "echo \"plan: rate $r\"\n"
+		   "for s in $(seq 1 20); do echo \"{\\\"step\\\":$s,\\\"ms\\\":10,"
+		   "\\\"tok_per_s\\\":$r}\"; done > \"$m\"\n"
+		   "sleep ${NG_SLEEP:-0}\n",
+		ng_test_dir);
+	fclose(f);
+	cr_assert(chmod(p, 0700) == 0);
+	snprintf(pre, n, "OUT='%s/out' tools/ab", ng_test_dir);
+}
+
+/* tools/ab's output (stdout and stderr) for the arguments after the prefix; its exit status
+ * in *rc. */
+static char *ab_run(const char *pre, const char *args, int *rc)
+{
+	char cmd[4096], log[512];
+	snprintf(log, sizeof(log), "%s/ab.txt", ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "%s %s >'%s' 2>&1", pre, args, log);
+	int st = system(cmd);
+	*rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	size_t n;
+	return read_text(log, &n);
+}
+
+/* Three sides, 2 rounds: A (the stub), B (its --fast flag: 1100 tok/s), C (NG_BUMP=5 in its
+ * environment: 1010); runs interleaved A1 B1 C1 A2 ..., SHOW's lines from each side's first
+ * log, each run its own cache (6 different directories), each side against A. */
+Test(ab, three_sides_in_rounds, .timeout = 60)
+{
+	char pre[1024], args[2048];
+	ab_stub(pre, sizeof(pre));
+	snprintf(args, sizeof(args), "-n 2 '%s/stub' '%s/stub+--fast' '%s/stub:NG_BUMP=5' -- "
+		 "--steps 20", ng_test_dir, ng_test_dir, ng_test_dir);
+	char with_show[1200];
+	snprintf(with_show, sizeof(with_show), "SHOW='^plan:' %s", pre);
+	int rc;
+	char *r = ab_run(with_show, args, &rc);
+	cr_expect_eq(rc, 0, "tools/ab exited %d:\n%s", rc, r);
+	const char *want[] = {
+		"A1 1000 tok/s", "plan: rate 1000", "B1 1100 tok/s", "plan: rate 1100",
+		"C1 1010 tok/s", "A2 1000 tok/s", "B2 1100 tok/s", "C2 1010 tok/s",
+		"A: mean 1,000 (1,000-1,000), 2 run(s)", "B: mean 1,100 (1,100-1,100), 2 run(s)",
+		"C: mean 1,010 (1,010-1,010), 2 run(s)",
+		"B/A 1.1000 (+10.00%): the ranges do not overlap",
+		"C/A 1.0100 (+1.00%): the ranges do not overlap",
+	};
+	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
+	cr_expect(strstr(r, "plan: rate 1000\n    plan") == NULL && !strstr(r, "A2 1000 tok/s\n  "),
+		  "SHOW printed more than the first run's lines:\n%s", r);
+	free(r);
+	char cmd[1024], log[512];
+	snprintf(log, sizeof(log), "%s/n.txt", ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "sort -u '%s/caches' | wc -l > '%s'", ng_test_dir, log);
+	cr_assert_eq(system(cmd), 0);
+	size_t n;
+	char *count = read_text(log, &n);
+	cr_expect_eq(atoi(count), 6, "%d distinct autotune caches for 6 runs", atoi(count));
+	free(count);
+}
+
+/* -t 1 with runs of 1 s: A1 runs, then B1 would end past the deadline, so the comparison stops
+ * and sums up A alone; bad arguments exit 2 with one line. */
+Test(ab, deadline_and_bad_arguments, .timeout = 60)
+{
+	char pre[1024], args[2048];
+	ab_stub(pre, sizeof(pre));
+	snprintf(args, sizeof(args), "-t 1 '%s/stub:NG_SLEEP=1' '%s/stub' -- --steps 20",
+		 ng_test_dir, ng_test_dir);
+	int rc;
+	char *r = ab_run(pre, args, &rc);
+	cr_expect_eq(rc, 0, "tools/ab exited %d:\n%s", rc, r);
+	const char *want[] = {
+		"A1 1000 tok/s",
+		"stopped before round 1, side B: the next run would pass the 1 s deadline",
+		"A: mean 1,000 (1,000-1,000), 1 run(s)",
+	};
+	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
+	cr_expect(strstr(r, "B1") == NULL, "a run started past the deadline:\n%s", r);
+	free(r);
+	const char *bad[] = { "-n 0 a b -- x", "-t 1s a b -- x", "a -- x", "a b x" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		r = ab_run(pre, bad[i], &rc);
+		cr_expect_eq(rc, 2, "tools/ab %s exited %d:\n%s", bad[i], rc, r);
+		free(r);
+	}
+	snprintf(args, sizeof(args), "'%s/stub' '%s/none' -- x", ng_test_dir, ng_test_dir);
+	r = ab_run(pre, args, &rc);
+	cr_expect(rc == 2 && strstr(r, "none/nanograph (hint:"), "a missing build: exit %d:\n%s",
+		  rc, r);
 	free(r);
 }
 
