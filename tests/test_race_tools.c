@@ -122,27 +122,49 @@ static void put(const char *name, const char *text)
 	fclose(f);
 }
 
-/* A fresh <test dir>/out for the race's logs, in dir; skips without the script or python3. */
-static void race_dir(char *dir, size_t n)
+/* Skips the test without tools/<tool> (run from the source root) or python3; then makes the
+ * test dir (/tmp/<prefix>XXXXXX). */
+static void tool_test_dir(const char *tool, const char *prefix)
 {
-	if (access("tools/speedrun-race", X_OK) != 0)
-		cr_skip_test("tools/speedrun-race not here: run from the source root");
+	char path[256];
+	snprintf(path, sizeof(path), "tools/%s", tool);
+	if (access(path, X_OK) != 0)
+		cr_skip_test("%s not here: run from the source root", path);
 	if (system("python3 -c pass >/dev/null 2>&1") != 0)
 		cr_skip_test("no python3");
-	ng_test_dir_make("ng_race_");
+	ng_test_dir_make(prefix);
+}
+
+/* A fresh <test dir>/out for the logs of tools/<tool>, in dir. */
+static void race_dir(const char *tool, char *dir, size_t n)
+{
+	tool_test_dir(tool, "ng_race_");
 	snprintf(dir, n, "%s/out", ng_test_dir);
 	cr_assert(mkdir(dir, 0700) == 0);
+}
+
+/* The output (stdout and stderr) of the shell command cmd, through <test dir>/cmd.txt; its
+ * exit status in *rc. */
+static char *output_of(const char *cmd, int *rc)
+{
+	char full[4096], log[512];
+	snprintf(log, sizeof(log), "%s/cmd.txt", ng_test_dir);
+	snprintf(full, sizeof(full), "%s >'%s' 2>&1", cmd, log);
+	int st = system(full);
+	*rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	size_t n;
+	return read_text(log, &n);
 }
 
 /* `tools/<tool> report` over the logs in dir: its output. */
 static char *tool_report(const char *tool, const char *dir)
 {
-	char cmd[2048], log[512];
-	snprintf(log, sizeof(log), "%s/report.txt", ng_test_dir);
-	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/%s report >'%s' 2>&1", dir, tool, log);
-	cr_assert_eq(system(cmd), 0, "failed: %s", cmd);
-	size_t n;
-	return read_text(log, &n);
+	char cmd[2048];
+	snprintf(cmd, sizeof(cmd), "OUT='%s' python3 tools/%s report", dir, tool);
+	int rc;
+	char *r = output_of(cmd, &rc);
+	cr_assert_eq(rc, 0, "failed (exit %d): %s\n%s", rc, cmd, r);
+	return r;
 }
 
 /* `tools/speedrun-race report` over the logs in dir. */
@@ -166,7 +188,7 @@ static void expect_in_order(const char *r, const char *const *want, size_t n)
 Test(race, report_reads_the_three_logs, .timeout = 60)
 {
 	char dir[512];
-	race_dir(dir, sizeof(dir));
+	race_dir("speedrun-race", dir, sizeof(dir));
 	/* the reference: validations at 0, 2, 4 of 4 steps (2 s a checkpoint) */
 	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
 		       "step:1/4 train_time:1000ms step_avg:1000.00ms\n"
@@ -208,7 +230,7 @@ Test(race, report_reads_the_three_logs, .timeout = 60)
 Test(race, report_summarises_repeated_runs, .timeout = 60)
 {
 	char dir[512];
-	race_dir(dir, sizeof(dir));
+	race_dir("speedrun-race", dir, sizeof(dir));
 	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
 		       "step:2/4 val_loss:5.0000 train_time:2000ms step_avg:1000.00ms\n"
 		       "step:4/4 train_time:4000ms step_avg:1000.00ms\n"
@@ -256,7 +278,7 @@ Test(race, report_summarises_repeated_runs, .timeout = 60)
 Test(race, report_keeps_the_reference_from_our_init_apart, .timeout = 60)
 {
 	char dir[512];
-	race_dir(dir, sizeof(dir));
+	race_dir("speedrun-race", dir, sizeof(dir));
 	put("ref.log", "step:0/4 val_loss:10.8000 train_time:0ms step_avg:0.02ms\n"
 		       "step:4/4 train_time:4000ms step_avg:1000.00ms\n"
 		       "step:4/4 val_loss:3.0000 train_time:4000ms step_avg:1000.00ms\n");
@@ -301,10 +323,8 @@ static double fp8_shift(int s) { return s <= 150 ? 0.02 : s == 200 ? 0.29 : -0.0
  * steps it shares with bf16. */
 Test(race, fp8_parity_report, .timeout = 60)
 {
-	if (access("tools/fp8-parity", X_OK) != 0)
-		cr_skip_test("tools/fp8-parity not here: run from the source root");
 	char dir[512];
-	race_dir(dir, sizeof(dir));
+	race_dir("fp8-parity", dir, sizeof(dir));
 	put_losses("bf16.jsonl", 300, no_shift);
 	put_losses("fp8.jsonl", 300, fp8_shift);
 	put_losses("fp8dw.jsonl", 100, no_shift);
@@ -329,11 +349,7 @@ Test(race, fp8_parity_report, .timeout = 60)
  * dir. */
 static void ab_stub(char *pre, size_t n)
 {
-	if (access("tools/ab", X_OK) != 0)
-		cr_skip_test("tools/ab not here: run from the source root");
-	if (system("python3 -c pass >/dev/null 2>&1") != 0)
-		cr_skip_test("no python3");
-	ng_test_dir_make("ng_ab_");
+	tool_test_dir("ab", "ng_ab_");
 	char p[512];
 	snprintf(p, sizeof(p), "%s/stub", ng_test_dir);
 	cr_assert(mkdir(p, 0700) == 0);
@@ -357,17 +373,12 @@ static void ab_stub(char *pre, size_t n)
 	snprintf(pre, n, "OUT='%s/out' tools/ab", ng_test_dir);
 }
 
-/* tools/ab's output (stdout and stderr) for the arguments after the prefix; its exit status
- * in *rc. */
+/* tools/ab's output for the arguments after the prefix; its exit status in *rc. */
 static char *ab_run(const char *pre, const char *args, int *rc)
 {
-	char cmd[4096], log[512];
-	snprintf(log, sizeof(log), "%s/ab.txt", ng_test_dir);
-	snprintf(cmd, sizeof(cmd), "%s %s >'%s' 2>&1", pre, args, log);
-	int st = system(cmd);
-	*rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-	size_t n;
-	return read_text(log, &n);
+	char cmd[3328];
+	snprintf(cmd, sizeof(cmd), "%s %s", pre, args);
+	return output_of(cmd, rc);
 }
 
 /* Three sides, 2 rounds: A (the stub), B (its --fast flag: 1100 tok/s), C (NG_BUMP=5 in its
