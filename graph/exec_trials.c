@@ -317,13 +317,6 @@ enum ng_status ng_exec_choose_gelu_fwd_(struct ng_exec *e, float ms[2], int *fus
 	return NG_OK;
 }
 
-/* The NG_FP8_* bit of fp8 kind k (a row of the fp8 times): forward kinds 0-4, then the dinp
- * of kinds 0-3. */
-static int fp8_kind_bit(int k)
-{
-	return k < 5 ? 1 << k : 1 << (k - 5 + NG_FP8_DINP_SHIFT);
-}
-
 /* choose_fp8's scratch and plans: variant 0 the bf16 matmul, 1 the casts and the fp8 matmul.
  * at: inp, inp8, W, W8, out, aux, bias, scales (scale, amax, 2 descales), workspace. */
 struct fp8_trial {
@@ -382,7 +375,7 @@ enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd
 		ms[k][0] = ms[k][1] = -1.0f;
 		const int dinp = k >= 5;
 		const enum ng_op_which w = kinds[dinp ? k - 5 : k];
-		const int bit = fp8_kind_bit(k);
+		const int bit = ng_fp8_kind_bit(k);
 		if (!(*mask & bit))
 			continue;
 		struct ng_matmul_spec s = { .kind = dinp ? NG_MATMUL_DINP : NG_MATMUL_FWD,
@@ -455,7 +448,7 @@ enum ng_status ng_exec_agree_choices_(struct ng_exec *e, int *fuse, int *mask)
 	v[1] = *fuse & NG_GELU_FUSE_BWD ? 1.0f : 0.0f;
 	v[2] = *fuse & NG_GELU_FUSE_OWN ? 1.0f : 0.0f;
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
-		v[3 + k] = *mask & fp8_kind_bit(k) ? 1.0f : 0.0f;
+		v[3 + k] = *mask & ng_fp8_kind_bit(k) ? 1.0f : 0.0f;
 	enum ng_status st = NG_CUDA_CHECK(cudaMalloc((void **)&d, sizeof(v)));
 	if (!st)
 		st = NG_CUDA_CHECK(cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, e->stream));
@@ -474,7 +467,7 @@ enum ng_status ng_exec_agree_choices_(struct ng_exec *e, int *fuse, int *mask)
 		(v[1] > all && v[2] > all ? NG_GELU_FUSE_OWN : 0);
 	for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 		if (!(v[3 + k] > all))
-			*mask &= ~fp8_kind_bit(k);
+			*mask &= ~ng_fp8_kind_bit(k);
 	return NG_OK;
 }
 

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "data/synth.h"
 #include "graph/cpu_muon.h"
@@ -25,6 +26,7 @@
 #include "kernels/check.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/split.h"
+#include "tests/cli_testing.h"
 #include "tests/muon_testing.h"
 
 /* The fp32 master after the step (p1, lay.total floats): the split master (kernels/split.h)
@@ -276,6 +278,51 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 	step_matches(NG_GELU_FUSE_FWD, 3, 0);
 }
 
+/* Skips the test on a machine without a GPU, or with one before sm_89 (no FP8). */
+static void skip_without_fp8(void)
+{
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	int major, minor;
+	sm_version(&major, &minor);
+	if (major * 10 + minor < 89)
+		cr_skip_test("no FP8 on sm_%d%d", major, minor);
+}
+
+/* train --fp8 --fp8-kinds LIST from the command line: exactly the listed kinds run in FP8,
+ * untimed, as the fp8 line of the log says, and the run trains. */
+Test(train_gpu, fp8_kinds_runs_the_listed_kinds, .timeout = 300)
+{
+	skip_without_fp8();
+	char path[] = "/tmp/ng_fp8_kinds_XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	fflush(stderr);
+	int saved = dup(2);
+	cr_assert(saved >= 0);
+	dup2(fd, 2); /* the log */
+	enum ng_status st = ng_test_cli_run("train", "--model", "tiny", "--batch", "4", "--steps",
+					    "3", "--val-batches", "0", "--fp8", "--fp8-kinds",
+					    "dfcproj,fc,qkv", NULL);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	close(fd);
+	FILE *f = fopen(path, "r");
+	cr_assert(f);
+	static char text[1 << 16];
+	size_t n = fread(text, 1, sizeof(text) - 1, f);
+	text[n] = 0;
+	fclose(f);
+	unlink(path);
+	cr_assert_eq(st, NG_OK, "%s\n%s", ng_error_message(), text);
+	cr_expect(strstr(text, "fp8: forward matmuls in E4M3 (x E4M3 weights): qkv, fc; input "
+			       "gradients (dinp) in E5M2: dfcproj (--fp8-kinds: not timed)") != NULL,
+		  "%s", text);
+	cr_expect(strstr(text, "timed bf16") == NULL, "the listed kinds were timed: %s", text);
+	cr_expect(strstr(text, "done: 3 steps") != NULL, "%s", text);
+}
+
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
 static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 {
@@ -362,12 +409,7 @@ static double follows_bf16(const char *what, const float *g, const float *e, con
  * the loss must follow the bf16 run's (follows_bf16); the same with --fp8-dw. */
 Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 {
-	if (ng_cuda_device_count() == 0)
-		cr_skip_test("no CUDA device");
-	int major, minor;
-	sm_version(&major, &minor);
-	if (major * 10 + minor < 89)
-		cr_skip_test("no FP8 on sm_%d%d", major, minor);
+	skip_without_fp8();
 	enum { STEPS = 20 };
 	float a[STEPS], b[STEPS], r[STEPS], w[STEPS], dg[STEPS], de[STEPS];
 	run_losses(0, 128, a, STEPS, 1);
