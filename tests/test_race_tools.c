@@ -18,6 +18,7 @@
 #define _XOPEN_SOURCE 700
 #include <criterion/criterion.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,27 +321,92 @@ static double fp8_shift(int s) { return s <= 150 ? 0.02 : s == 200 ? 0.29 : -0.0
 /* tools/fp8-parity report: over steps 151-300 the mean difference (-0.01 x 149 + 0.29) / 150 =
  * -0.0080 and the mean |difference| 1.78 / 150 = 0.0119; the first tenth's +0.0200; the
  * largest, at step 200; the last step's losses; a shorter --fp8-dw run compared over the
- * steps it shares with bf16. */
+ * steps it shares with bf16; tagged runs (one FP8 kind, bf16 again) after their kind's, and
+ * the other bf16 runs last. */
+static double half_shift(int s) { return fp8_shift(s) / 2; }
 Test(race, fp8_parity_report, .timeout = 60)
 {
 	char dir[512];
 	race_dir("fp8-parity", dir, sizeof(dir));
 	put_losses("bf16.jsonl", 300, no_shift);
+	put_losses("bf16-again.jsonl", 300, half_shift);
 	put_losses("fp8.jsonl", 300, fp8_shift);
+	put_losses("fp8-qkv.jsonl", 300, half_shift);
 	put_losses("fp8dw.jsonl", 100, no_shift);
 	char *r = tool_report("fp8-parity", dir);
 	const char *want[] = {
 		"--fp8 against bf16: 300 shared steps (1 to 300)",
-		"steps 151-300: mean (fp8 - bf16) -0.0080, mean |fp8 - bf16| 0.0119",
+		"steps 151-300: mean (run - bf16) -0.0080, mean |run - bf16| 0.0119",
 		"steps 1-30: mean +0.0200, mean abs 0.0200",
-		"largest |fp8 - bf16| 0.2900 at step 200",
+		"largest |run - bf16| 0.2900 at step 200",
 		"step 300: --fp8 1.9900, bf16 2.0000",
+		"--fp8 [qkv] against bf16: 300 shared steps (1 to 300)",
+		"steps 151-300: mean (run - bf16) -0.0040, mean |run - bf16| 0.0059",
+		"largest |run - bf16| 0.1450 at step 200",
 		"--fp8 --fp8-dw against bf16: 100 shared steps (1 to 100)",
-		"largest |fp8 - bf16| 0.0000 at step",
+		"largest |run - bf16| 0.0000 at step",
 		"step 100: --fp8 --fp8-dw 4.0000, bf16 4.0000",
+		"bf16 [again] against bf16: 300 shared steps (1 to 300)",
+		"step 300: bf16 [again] 1.9950, bf16 2.0000",
 	};
 	expect_in_order(r, want, sizeof(want) / sizeof(want[0]));
 	free(r);
+}
+
+/* A bash script at path, made executable: the text of fmt with its arguments. */
+static void put_script(const char *path, const char *fmt, ...)
+{
+	FILE *f = fopen(path, "w");
+	cr_assert(f, "%s", path);
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(f, fmt, ap);
+	va_end(ap);
+	fclose(f);
+	cr_assert(chmod(path, 0700) == 0);
+}
+
+/* tools/fp8-parity run with --tag and --extra: a stand-in nanograph records its arguments and
+ * writes three metrics rows; the run's files carry the tag, its flags follow the kind's and
+ * --flags; --extra without a tag, and a tag that is no file name, are refused. */
+Test(race, fp8_parity_run_tagged, .timeout = 60)
+{
+	char dir[512], stub[600], cmd[2048];
+	race_dir("fp8-parity", dir, sizeof(dir));
+	snprintf(stub, sizeof(stub), "%s/nanograph", ng_test_dir);
+	put_script(stub, "#!/usr/bin/env bash\n"
+		   "echo \"$*\" >> '%s/args'\n"
+		   "while [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && m=$2; shift; done\n"
+		   "for s in 1 2 3; do echo \"{\\\"step\\\":$s,\\\"loss\\\":4}\"; done > \"$m\"\n"
+		   "echo 'done: 3 steps'\n",
+		   ng_test_dir);
+	snprintf(cmd, sizeof(cmd), "NANOGRAPH='%s' OUT='%s' python3 tools/fp8-parity run fp8 "
+		 "--model tiny --steps 3 --flags=--autotune --tag qkv --extra='--fp8-kinds qkv'",
+		 stub, dir);
+	int rc;
+	char *r = output_of(cmd, &rc);
+	cr_assert_eq(rc, 0, "%s\n%s", cmd, r);
+	cr_expect(strstr(r, "fp8-qkv: exit status 0"), "%s", r);
+	free(r);
+	char path[700];
+	snprintf(path, sizeof(path), "%s/fp8-qkv.jsonl", dir);
+	cr_expect(access(path, R_OK) == 0, "no %s", path);
+	snprintf(path, sizeof(path), "%s/args", ng_test_dir);
+	size_t n;
+	char *args = read_text(path, &n);
+	cr_expect(strstr(args, "--fp8 --autotune --fp8-kinds qkv"), "%s", args);
+	cr_expect(strstr(args, "fp8-qkv.jsonl"), "%s", args);
+	free(args);
+	const char *bad[2][2] = { { "fp8 --extra=--fp8-dw", "--extra needs a --tag" },
+				  { "bf16 --tag ../x", "letters, digits and _ only" } };
+	for (int i = 0; i < 2; i++) {
+		snprintf(cmd, sizeof(cmd), "NANOGRAPH='%s' OUT='%s' python3 tools/fp8-parity run %s",
+			 stub, dir, bad[i][0]);
+		r = output_of(cmd, &rc);
+		cr_expect_eq(rc, 2, "%s: %s", bad[i][0], r);
+		cr_expect(strstr(r, bad[i][1]), "%s: %s", bad[i][0], r);
+		free(r);
+	}
 }
 
 /* A stand-in nanograph in <test dir>/stub: `train` writes 20 metrics rows at 1000 tok/s (1100
@@ -354,9 +420,7 @@ static void ab_stub(char *pre, size_t n)
 	snprintf(p, sizeof(p), "%s/stub", ng_test_dir);
 	cr_assert(mkdir(p, 0700) == 0);
 	snprintf(p, sizeof(p), "%s/stub/nanograph", ng_test_dir);
-	FILE *f = fopen(p, "w");
-	cr_assert(f);
-	fprintf(f, "#!/usr/bin/env bash\n"
+	put_script(p, "#!/usr/bin/env bash\n"
 		   "[ \"$1\" = train ] || exit 3\n"
 		   "m='' r=1000\n"
 		   "for a in \"$@\"; do [ \"$a\" = --fast ] && r=1100; done\n"
@@ -367,9 +431,7 @@ static void ab_stub(char *pre, size_t n)
 		   "for s in $(seq 1 20); do echo \"{\\\"step\\\":$s,\\\"ms\\\":10,"
 		   "\\\"tok_per_s\\\":$r}\"; done > \"$m\"\n"
 		   "sleep ${NG_SLEEP:-0}\n",
-		ng_test_dir);
-	fclose(f);
-	cr_assert(chmod(p, 0700) == 0);
+		   ng_test_dir);
 	snprintf(pre, n, "OUT='%s/out' tools/ab", ng_test_dir);
 }
 
