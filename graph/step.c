@@ -100,13 +100,14 @@ enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step
 	return NG_OK;
 }
 
-static const char *const fp8_kind_names[NG_FP8_KINDS] = {
-	"qkv", "attproj", "fc", "fcproj", "head", "dqkv", "dattproj", "dfc", "dfcproj"
+static const char *const fp8_kind_names[NG_FP8_KINDS + 4] = {
+	"qkv", "attproj", "fc", "fcproj", "head", "dqkv", "dattproj", "dfc", "dfcproj",
+	"qkv-dW", "attproj-dW", "fc-dW", "fcproj-dW"
 };
 
 const char *ng_fp8_kind_name(int k)
 {
-	return k >= 0 && k < NG_FP8_KINDS ? fp8_kind_names[k] : "?";
+	return k >= 0 && k < NG_FP8_KINDS + 4 ? fp8_kind_names[k] : "?";
 }
 
 enum ng_status ng_step_parse_fp8_kinds(const char *what, int *mask)

@@ -270,6 +270,9 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, "fp8: forward matmuls in E4M3 (x E4M3 weights):");
 		int any = 0, timed = 0;
 		for (int k = 0; k < NG_EXEC_FP8_KINDS; k++) {
+			timed |= rep.fp8_ms[k][0] >= 0;
+			if (k >= NG_FP8_KINDS) /* the dW kinds: below */
+				continue;
 			int bit = ng_fp8_kind_bit(k);
 			if (k == 5) {
 				fprintf(log, "%s; input gradients (dinp) in E5M2:", any ? "" : " none");
@@ -277,10 +280,10 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			}
 			if (g->fp8 & bit)
 				fprintf(log, "%s %s", any++ ? "," : "", ng_fp8_kind_name(k));
-			timed |= rep.fp8_ms[k][0] >= 0;
 		}
 		fprintf(log, "%s", any ? "" : " none");
-		if (g->fp8 & NG_FP8_DW_ALL) { /* --fp8-dw: where the kind's forward is fp8 */
+		if (o->fp8_dw) { /* --fp8-dw: where the kind's forward is fp8 and its dW timed
+				  * faster (all of them under --deterministic, untimed) */
 			fprintf(log, "; weight gradients (dW) in E5M2 x E4M3:");
 			any = 0;
 			for (int k = 0; k < 4; k++)
@@ -288,7 +291,7 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 				    (g->B * g->T) % 16 == 0)
 					fprintf(log, "%s %s", any++ ? "," : "",
 						ng_fp8_kind_name(k));
-			fprintf(log, "%s", any ? "" : " none (their forward matmuls are bf16)");
+			fprintf(log, "%s", any ? "" : " none");
 		}
 		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");

@@ -109,8 +109,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "forward E4M3, input gradients E5M2 x E4M3 (weight gradients stay bf16)", false },
 		{ "--fp8-dw", NG_FLAG_BOOL, &o.fp8_dw, 0, 0, NULL,
 		  "GPU, with --fp8: the weight-gradient matmuls of the layer kinds whose forward is "
-		  "FP8 in FP8 too (E5M2 gradient x E4M3 input, the bias gradient from the same "
-		  "cast)", false },
+		  "FP8 in FP8 too where they time faster (E5M2 gradient x E4M3 input, the bias "
+		  "gradient from the same cast; all of them under --deterministic)", false },
 		{ "--fp8-kinds", NG_FLAG_STRING, &o.fp8_kinds, 0, 0, "LIST",
 		  "GPU, with --fp8: auto (every kind where it times faster, the default) or "
 		  "exactly these in FP8, untimed: a comma list of the forward matmuls qkv, "

@@ -323,6 +323,60 @@ Test(train_gpu, fp8_kinds_runs_the_listed_kinds, .timeout = 300)
 	cr_expect(strstr(text, "done: 3 steps") != NULL, "%s", text);
 }
 
+/* --fp8 --fp8-dw as train runs it (AUTO): each layer kind's dW is timed against its bf16 dW
+ * where the kind's forward stayed fp8, kept exactly where it timed faster, and never without
+ * its forward; then two steps train to finite losses. A shape where the fp8 forward wins
+ * (the wide qkv and fc outputs of C = 1024 over 8192 rows), so that some dW is timed. */
+Test(train_gpu, fp8_dw_timed_per_kind)
+{
+	skip_without_fp8();
+	struct ng_exec_config c;
+	tiny_config(&c, 1024, 1024, 8, 512, 8, 1);
+	c.step.fp8 = NG_FP8_EVERY | NG_FP8_AUTO | NG_FP8_DW_ALL;
+	struct ng_exec e;
+	struct ng_exec_report rep;
+	cr_assert_eq(ng_exec_init(&e, &c, &rep), NG_OK, "init: %s", ng_error_message());
+	static const enum ng_op_which kinds[4] = { NG_OP_WHICH_QKV, NG_OP_WHICH_ATTPROJ,
+						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ };
+	int timed = 0;
+	for (int k = 0; k < 4; k++) {
+		const float *ms = rep.fp8_ms[9 + k];
+		const int fwd = (e.train.fp8 & ng_fp8_bit(kinds[k])) != 0,
+			  dw = (e.train.fp8 & ng_fp8_dw_bit(kinds[k])) != 0;
+		fprintf(stderr, "fp8_dw_timed_per_kind: kind %d forward %s, dW bf16 %.3f / fp8 %.3f "
+			"ms -> %s\n", k, fwd ? "fp8" : "bf16", ms[0], ms[1], dw ? "fp8" : "bf16");
+		cr_expect(!dw || fwd, "kind %d: an fp8 dW without its fp8 forward", k);
+		if (!fwd)
+			continue;
+		cr_expect(ms[0] > 0 && ms[1] > 0, "kind %d: its dW was not timed", k);
+		cr_expect_eq(dw, ms[1] < ms[0], "kind %d: dW %s against %.3f / %.3f ms", k,
+			     dw ? "fp8" : "bf16", ms[0], ms[1]);
+		timed++;
+	}
+	cr_assert_gt(timed, 0, "no kind's forward stayed fp8 at C = 1024 over 8192 rows, so no "
+		     "dW was timed");
+	struct ng_synth s;
+	cr_assert_eq(ng_synth_init(&s, c.model.V, 3), NG_OK);
+	float loss[2];
+	int got = 0;
+	for (int i = 0; i < 2; i++) {
+		uint16_t *tok;
+		cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
+		ng_synth_batch(&s, 0, (uint64_t)i, c.B, c.T, tok);
+		cr_assert_eq(ng_exec_submit(&e), NG_OK, "%s", ng_error_message());
+	}
+	struct ng_metrics_record r[NG_EXEC_RING];
+	int n;
+	cr_assert_eq(ng_exec_collect(&e, r, NULL, NG_EXEC_RING, true, &n), NG_OK);
+	for (int j = 0; j < n && got < 2; j++)
+		loss[got++] = r[j].loss;
+	cr_assert_eq(got, 2);
+	for (int i = 0; i < 2; i++)
+		cr_expect(isfinite(loss[i]) && loss[i] > 0.0f, "step %d: loss %g", i, loss[i]);
+	ng_synth_free(&s);
+	ng_exec_free(&e);
+}
+
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
 static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 {
