@@ -87,6 +87,9 @@ struct ng_exec_report {
 	float fp8_ms[NG_EXEC_FP8_KINDS][2]; /* --fp8 auto, per kind (forward qkv, attproj, fc,
 	                                * fcproj, head; dinp qkv, attproj, fc, fcproj; with
 	                                * --fp8-dw dW qkv, attproj, fc, fcproj): bf16 / cast + fp8 */
+	int fp8_bwd_joint;             /* --fp8-dw: bit i set where layer kind i (qkv, attproj, fc,
+	                                * fcproj) had its dinp and dW timed together: its dW row
+	                                * then holds both matmuls (graph/exec_trials.c) */
 	int fit_lowered;               /* --recompute auto with ranks: another rank's budget, smaller
 	                                * than this one's, is what the step was fitted to */
 	char tune_cache_path[4096];    /* autotune's choices file, or "" when none is kept */

@@ -306,7 +306,8 @@ static enum ng_status choose_forms(struct ng_exec *e, struct ng_step_options *op
 		st = ng_exec_choose_fp8_(e, (opt->fuse_gelu & NG_GELU_FUSE_FWD) != 0,
 					 (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,
 					 (opt->fuse_gelu & NG_GELU_FUSE_OWN) != 0,
-					 e->train.head_chunk_rows, rep->fp8_ms, &mask);
+					 e->train.head_chunk_rows, rep->fp8_ms, &rep->fp8_bwd_joint,
+					 &mask);
 		opt->fp8 = mask | keep | NG_FP8_AUTO;
 	}
 	if (!st && !opt->deterministic &&

@@ -417,6 +417,31 @@ static enum ng_status fp8_dw_run(struct ng_exec *e, void *arg, int v)
 	return st;
 }
 
+/* The bf16 (plan[0], with the bias gradient as asked) and fp8 (plan[1]) dW plans of layer kind
+ * w at the step's shape (graph/step.c matmul_dw: all B x T rows); *s ends as the fp8 one. */
+static enum ng_status plan_dw_pair(struct ng_exec *e, enum ng_op_which w, int bias,
+				   struct ng_matmul_spec *s, int plan[2])
+{
+	*s = (struct ng_matmul_spec){ .kind = NG_MATMUL_DW, .autotune = e->cfg.autotune };
+	ng_linear_dims(&e->cfg.model, w, &s->IC, &s->OC);
+	s->N = e->cfg.B * e->cfg.T;
+	s->bias = bias;
+	enum ng_status st = ng_exec_plan_spec_(e, *s, &plan[0]);
+	s->bias = 0; /* the fp8 dW sums the bias in its cast */
+	s->fp8 = 1;
+	return st ? st : ng_exec_plan_spec_(e, *s, &plan[1]);
+}
+
+/* The largest workspace of n plans. */
+static size_t plans_workspace(const struct ng_exec *e, const int *plan, int n)
+{
+	size_t ws = 0;
+	for (int i = 0; i < n; i++)
+		if (e->plans[plan[i]].mm.workspace_need > ws)
+			ws = e->plans[plan[i]].mm.workspace_need;
+	return ws;
+}
+
 /* ms = the bf16 / fp8 times of layer kind w's weight gradient at the step's shape (graph/step.c
  * matmul_dw: all B x T rows, the first micro-batch's "="), both -1 when there is no device
  * memory to time them. */
@@ -424,22 +449,13 @@ static enum ng_status time_fp8_dw(struct ng_exec *e, enum ng_op_which w, int bia
 				  float ms[2])
 {
 	ms[0] = ms[1] = -1.0f;
-	struct ng_matmul_spec s = { .kind = NG_MATMUL_DW, .autotune = e->cfg.autotune };
-	ng_linear_dims(&e->cfg.model, w, &s.IC, &s.OC);
-	s.N = e->cfg.B * e->cfg.T;
-	s.bias = bias;
+	struct ng_matmul_spec s;
 	int plan[2] = { 0, 0 };
-	enum ng_status st = ng_exec_plan_spec_(e, s, &plan[0]);
-	s.bias = 0; /* the fp8 dW sums the bias in its cast */
-	s.fp8 = 1;
-	if (!st)
-		st = ng_exec_plan_spec_(e, s, &plan[1]);
+	enum ng_status st = plan_dw_pair(e, w, bias, &s, plan);
 	if (st)
 		return st;
 	const size_t N = (size_t)s.N, IC = (size_t)s.IC, OC = (size_t)s.OC;
-	size_t ws = e->plans[plan[0]].mm.workspace_need;
-	if (e->plans[plan[1]].mm.workspace_need > ws)
-		ws = e->plans[plan[1]].mm.workspace_need;
+	size_t ws = plans_workspace(e, plan, 2);
 	size_t sizes[9] = { N * OC * 2, N * IC * 2, share ? N * OC : 0,
 			    ng_fp8_dw_bytes(N, IC, OC, bias), OC * IC * 4, bias ? OC * 4 : 0, 64,
 			    NG_FP8_AMAX_FLOATS * sizeof(float), ws };
@@ -460,10 +476,105 @@ static enum ng_status time_fp8_dw(struct ng_exec *e, enum ng_op_which w, int bia
 	return st;
 }
 
+/* The joint trial of a layer kind's backward matmuls under --fp8-dw, where its dinp lost alone
+ * (the E5M2 cast of dout costs 3 bytes an element) but the fp8 dW's cast writes that E5M2
+ * anyway (graph/step.h "FP8": "dout8.<kind>"). Variant 0: the bf16 dinp and the bf16 dW (as
+ * fp8_dw_run, no shared cast); 1: the bf16 dinp and the fp8 dW; 2: the fp8 dW, its cast also
+ * writing dout in E5M2, and the fp8 dinp reading that (with --recompute fp8 after casting its
+ * W^T). dw[0] and dw[1]: the dW trial without and with the shared cast, one buffer: its nine
+ * regions, then W (OC, IC) bf16, W^T in E4M3, the dinp (N, IC) bf16. */
+struct fp8_bwd_trial {
+	struct fp8_dw_trial dw[2];
+	const struct ng_matmul *dinp_mm[2];
+	char *w, *w8t, *out;
+};
+
+static enum ng_status fp8_bwd_run(struct ng_exec *e, void *arg, int v)
+{
+	struct fp8_bwd_trial *t = arg;
+	struct fp8_dw_trial *dw = &t->dw[v == 2];
+	char *buf = dw->buf;
+	const float *sc = (const float *)(buf + dw->at[6]);
+	enum ng_status st = NG_OK;
+	if (v < 2) {
+		st = ng_matmul_run(t->dinp_mm[0], t->out, buf + dw->at[0], t->w, NULL, NULL, NULL,
+				   dw->ws, e->stream);
+		return st ? st : fp8_dw_run(e, dw, v);
+	}
+	if (e->train.recompute_fp8)
+		st = ng_fp8_cast_e4m3_wt_seg(NULL, (uint8_t *)t->w8t, (const ng_bf16 *)t->w, sc,
+					     dw->OC, dw->IC, 1, e->stream);
+	if (!st)
+		st = fp8_dw_run(e, dw, 1);
+	if (!st)
+		st = ng_matmul_run_fp8(t->dinp_mm[1], t->out, buf + dw->at[2], t->w8t, NULL, NULL,
+				       sc + 4, sc + 8, dw->ws, e->stream);
+	return st;
+}
+
+/* ms = layer kind w's backward matmul work (dinp and dW) at the step's shape: bf16 both ways,
+ * and the faster of fp8_bwd_run's two fp8 variants; *pick the variant of the three that timed
+ * fastest (0 when there is no device memory to time them; ms then -1). */
+static enum ng_status time_fp8_bwd(struct ng_exec *e, enum ng_op_which w, int bias, float ms[2],
+				   int *pick)
+{
+	ms[0] = ms[1] = -1.0f;
+	*pick = 0;
+	struct ng_matmul_spec s;
+	int plan[4] = { 0, 0, 0, 0 };
+	enum ng_status st = plan_dw_pair(e, w, bias, &s, plan);
+	struct ng_matmul_spec d = s; /* the dinp: (N, OC) x W (OC, IC), no epilogue */
+	d.kind = NG_MATMUL_DINP;
+	d.fp8 = 0;
+	if (!st)
+		st = ng_exec_plan_spec_(e, d, &plan[2]);
+	d.fp8 = 1;
+	if (!st)
+		st = ng_exec_plan_spec_(e, d, &plan[3]);
+	if (st)
+		return st;
+	const size_t N = (size_t)s.N, IC = (size_t)s.IC, OC = (size_t)s.OC;
+	size_t ws = plans_workspace(e, plan, 4);
+	size_t sizes[12] = { N * OC * 2, N * IC * 2, N * OC, ng_fp8_dw_bytes(N, IC, OC, bias),
+			     OC * IC * 4, bias ? OC * 4 : 0, 64, NG_FP8_AMAX_FLOATS * sizeof(float),
+			     ws, OC * IC * 2, OC * IC, N * IC * 2 };
+	size_t at[12];
+	size_t bytes = lay_out(sizes, 12, at);
+	char *buf = NULL;
+	if (cudaMalloc((void **)&buf, bytes) != cudaSuccess) {
+		(void)cudaGetLastError(); /* no room to time: both stay bf16 */
+		return NG_OK;
+	}
+	struct fp8_bwd_trial t = { .dinp_mm = { &e->plans[plan[2]].mm, &e->plans[plan[3]].mm },
+				   .w = buf + at[9], .w8t = buf + at[10], .out = buf + at[11] };
+	for (int i = 0; i < 2; i++) {
+		t.dw[i] = (struct fp8_dw_trial){ { &e->plans[plan[0]].mm, &e->plans[plan[1]].mm },
+						 buf, { 0 }, ws ? buf + at[8] : NULL, s.N, s.IC,
+						 s.OC, bias, i };
+		memcpy(t.dw[i].at, at, sizeof(t.dw[i].at));
+	}
+	st = fp8_trial_fill(e, buf, at[6]);
+	if (!st)
+		st = NG_CUDA_CHECK(cudaMemsetAsync(buf + at[7], 0, sizes[7], e->stream));
+	if (!st) /* W, W^T in E4M3 (0x3c: 1.5) and the dinp, as the operands */
+		st = NG_CUDA_CHECK(cudaMemsetAsync(buf + at[9], 0x3c, bytes - at[9], e->stream));
+	float t3[3] = { -1.0f, -1.0f, -1.0f };
+	if (!st)
+		st = time_variants(e, fp8_bwd_run, &t, 3, t3);
+	cudaFree(buf);
+	if (st)
+		return st;
+	*pick = t3[1] < t3[0] && t3[1] <= t3[2] ? 1 : t3[2] < t3[0] && t3[2] < t3[1] ? 2 : 0;
+	ms[0] = t3[0];
+	ms[1] = t3[1] < t3[2] ? t3[1] : t3[2];
+	return NG_OK;
+}
+
 /* --fp8 (AUTO): for each kind of fp8 matmul in *mask (graph/step.h: the five forward kinds,
  * then the four layer dinp kinds, then with --fp8-dw the four layer dW kinds, each only where
- * its forward stayed fp8 and B x T is a multiple of 16), at the step's shape, the bf16 matmul
- * against the fp8 matmul
+ * its forward stayed fp8 and B x T is a multiple of 16; a layer kind whose dinp lost alone has
+ * its dinp and dW timed together instead, time_fp8_bwd, and its bit set in *joint), at the
+ * step's shape, the bf16 matmul against the fp8 matmul
  * plus the cast of its input where the step casts it (forward attproj and fcproj to E4M3; every
  * dinp's dout to E5M2; a LayerNorm writes the other forward inputs), timed by time_pair (under
  * sustained load) on scratch filled with a constant; a kind stays fp8 only where that is
@@ -471,13 +582,14 @@ static enum ng_status time_fp8_dw(struct ng_exec *e, enum ng_op_which w, int bia
  * input element, so an output narrower than about C = 800 loses what the fp8 rate wins
  * (kernels of GPU.md's rates). Plans stay in e->plans. */
 enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd, int own,
-				   int head_rows, float ms[][2], int *mask)
+				   int head_rows, float ms[][2], int *joint, int *mask)
 {
 	const struct ng_gpt_config *m = &e->cfg.model;
 	static const enum ng_op_which kinds[5] = { NG_OP_WHICH_QKV, NG_OP_WHICH_ATTPROJ,
 						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ,
 						   NG_OP_WHICH_HEAD };
 	enum ng_status st = NG_OK;
+	const int asked = *mask;
 	for (int k = 0; k < NG_EXEC_FP8_KINDS && !st; k++) {
 		ms[k][0] = ms[k][1] = -1.0f;
 		const int bit = ng_fp8_kind_bit(k);
@@ -497,6 +609,18 @@ enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd
 			const int own_on = own && !(*mask & NG_FP8_DINP_FCPROJ);
 			const int bias = !spr && (w != NG_OP_WHICH_FC || (fuse_bwd && !own_on));
 			const int share = dinp8 && (spr || w != NG_OP_WHICH_FCPROJ || fuse_bwd);
+			if (!dinp8 && (asked & ng_fp8_dinp_bit(w)) &&
+			    (spr || w != NG_OP_WHICH_FCPROJ)) {
+				/* its dinp lost alone: again, with the dW's cast writing its dout */
+				int pick = 0;
+				*joint |= 1 << (k - 9);
+				st = time_fp8_bwd(e, w, bias, ms[k], &pick);
+				if (pick == 2)
+					*mask |= ng_fp8_dinp_bit(w);
+				if (!st && pick == 0)
+					*mask &= ~bit;
+				continue;
+			}
 			st = time_fp8_dw(e, w, bias, share, ms[k]);
 			if (!st && !(ms[k][1] >= 0.0f && ms[k][1] < ms[k][0]))
 				*mask &= ~bit;

@@ -297,7 +297,10 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 			fprintf(log, " (timed bf16 / fp8 ms:");
 			for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 				if (rep.fp8_ms[k][0] >= 0)
-					fprintf(log, " %s %.3f/%.3f", ng_fp8_kind_name(k),
+					fprintf(log, " %s%s %.3f/%.3f", ng_fp8_kind_name(k),
+						k >= NG_FP8_KINDS &&
+						(rep.fp8_bwd_joint & 1 << (k - NG_FP8_KINDS))
+							? "+dinp" : "",
 						rep.fp8_ms[k][0], rep.fp8_ms[k][1]);
 			fprintf(log, ")");
 		} else if (o->fp8 && o->fp8_kinds && !(c.step.fp8 & NG_FP8_AUTO)) {

@@ -325,7 +325,8 @@ Test(train_gpu, fp8_kinds_runs_the_listed_kinds, .timeout = 300)
 
 /* --fp8 --fp8-dw as train runs it (AUTO): each layer kind's dW is timed against its bf16 dW
  * where the kind's forward stayed fp8, kept exactly where it timed faster, and never without
- * its forward; then two steps train to finite losses. A shape where the fp8 forward wins
+ * its forward; a dinp that lost alone is timed again with the dW (reading the E5M2 dout of the
+ * dW's cast) and is fp8 only with an fp8 dW; then two steps train to finite losses. A shape where the fp8 forward wins
  * (the wide qkv and fc outputs of C = 1024 over 8192 rows), so that some dW is timed. */
 Test(train_gpu, fp8_dw_timed_per_kind)
 {
@@ -351,6 +352,16 @@ Test(train_gpu, fp8_dw_timed_per_kind)
 		cr_expect(ms[0] > 0 && ms[1] > 0, "kind %d: its dW was not timed", k);
 		cr_expect_eq(dw, ms[1] < ms[0], "kind %d: dW %s against %.3f / %.3f ms", k,
 			     dw ? "fp8" : "bf16", ms[0], ms[1]);
+		/* an fp8 dinp won alone, or together with the fp8 dW whose cast it reads */
+		const float *mi = rep.fp8_ms[5 + k];
+		const int dinp = (e.train.fp8 & ng_fp8_dinp_bit(kinds[k])) != 0,
+			  joint = (rep.fp8_bwd_joint >> k) & 1;
+		fprintf(stderr, "fp8_dw_timed_per_kind: kind %d dinp bf16 %.3f / fp8 %.3f ms%s -> "
+			"%s\n", k, mi[0], mi[1], joint ? " (then with the dW)" : "",
+			dinp ? "fp8" : "bf16");
+		cr_expect(!joint || mi[1] >= mi[0], "kind %d: timed jointly though its dinp won", k);
+		cr_expect(!dinp || (mi[1] < mi[0] && !joint) || (joint && dw), "kind %d: an fp8 "
+			  "dinp that won neither alone nor with the dW", k);
 		timed++;
 	}
 	cr_assert_gt(timed, 0, "no kind's forward stayed fp8 at C = 1024 over 8192 rows, so no "
