@@ -409,6 +409,36 @@ Test(race, fp8_parity_run_tagged, .timeout = 60)
 	}
 }
 
+/* tools/corpus hands prepare this tree's vocabulary (a nanograph built elsewhere looks for it
+ * where it was built), and none when $NG_GPT2_DIR names one: a stand-in nanograph records its
+ * arguments and writes no shards, so the script fails after it, as it should. */
+Test(corpus, prepare_gets_the_tree_vocabulary, .timeout = 60)
+{
+	tool_test_dir("corpus", "ng_corpus_");
+	char stub[600], cmd[2048], cwd[PATH_MAX], want[PATH_MAX + 32];
+	snprintf(stub, sizeof(stub), "%s/nanograph", ng_test_dir);
+	put_script(stub, "#!/usr/bin/env bash\necho \"$*\" >> '%s/args'\n", ng_test_dir);
+	cr_assert(getcwd(cwd, sizeof(cwd)));
+	snprintf(want, sizeof(want), "--vocab %s/data/gpt2 ", cwd);
+	for (int env = 0; env < 2; env++) {
+		snprintf(cmd, sizeof(cmd), "%sNANOGRAPH='%s' python3 tools/corpus '%s/out%d' --max-mb 1 "
+			 ">/dev/null 2>&1", env ? "NG_GPT2_DIR=/nowhere " : "", stub, ng_test_dir,
+			 env);
+		cr_assert_neq(system(cmd), 0, "%s: succeeded without shards", cmd);
+	}
+	char path[700];
+	snprintf(path, sizeof(path), "%s/args", ng_test_dir);
+	size_t n;
+	char *args = read_text(path, &n);
+	char *second = strchr(args, '\n');
+	cr_assert(second && strstr(args, "prepare"), "%s", args);
+	*second++ = 0;
+	cr_expect(strstr(args, want), "no '%s' in: %s", want, args);
+	cr_expect(strstr(second, "prepare") && !strstr(second, "--vocab"), "with $NG_GPT2_DIR: %s",
+		  second);
+	free(args);
+}
+
 /* A stand-in nanograph in <test dir>/stub: `train` writes 20 metrics rows at 1000 tok/s (1100
  * with --fast, 2 more a unit of NG_BUMP), records its XDG_CACHE_HOME, prints a plan line, and
  * sleeps NG_SLEEP seconds. Returns the command prefix that runs tools/ab with OUT in the test
