@@ -42,7 +42,7 @@
 #define NG_EXEC_RING 16       /* metrics records in flight, at most */
 #define NG_EXEC_MAX_PLANS 64  /* distinct matmul shapes of one model */
 #define NG_EXEC_SPR_BANDS 14  /* the speedrun window's largest W (graph/step_spr.h) */
-#define NG_EXEC_FP8_KINDS 13  /* timed fp8 kinds: 5 forward, 4 dinp, 4 dW (graph/step.h) */
+#define NG_EXEC_FP8_KINDS 9   /* timed fp8 kinds: 5 forward, 4 dinp (graph/step.h) */
 
 struct ng_exec_config {
 	struct ng_gpt_config model;    /* checked configuration */
@@ -85,11 +85,8 @@ struct ng_exec_report {
 	float dgelu_ms[3];             /* FC backward (FC-proj dinp, GELU backward, fc dW):
 	                                * cuBLASLt's DGELU fused / unfused / our own GEMM's DGELU */
 	float fp8_ms[NG_EXEC_FP8_KINDS][2]; /* --fp8 auto, per kind (forward qkv, attproj, fc,
-	                                * fcproj, head; dinp qkv, attproj, fc, fcproj; with
-	                                * --fp8-dw dW qkv, attproj, fc, fcproj): bf16 / cast + fp8 */
-	int fp8_bwd_joint;             /* --fp8-dw: bit i set where layer kind i (qkv, attproj, fc,
-	                                * fcproj) had its dinp and dW timed together: its dW row
-	                                * then holds both matmuls (graph/exec_trials.c) */
+	                                * fcproj, head; dinp qkv, attproj, fc, fcproj): bf16 / cast
+	                                * + fp8 */
 	int fit_lowered;               /* --recompute auto with ranks: another rank's budget, smaller
 	                                * than this one's, is what the step was fitted to */
 	char tune_cache_path[4096];    /* autotune's choices file, or "" when none is kept */

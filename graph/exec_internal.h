@@ -16,8 +16,8 @@ enum ng_status ng_exec_plan_spec_(struct ng_exec *e, struct ng_matmul_spec s, in
 /* Timed choices and memory budgets (exec_trials.c); ms: the report's times of that trial. */
 enum ng_status ng_exec_choose_gelu_fwd_(struct ng_exec *e, float ms[2], int *fuse);
 enum ng_status ng_exec_choose_dgelu_(struct ng_exec *e, float ms[3], int *fuse);
-enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd, int own,
-				   int head_rows, float ms[][2], int *joint, int *mask);
+enum ng_status ng_exec_choose_fp8_(struct ng_exec *e, int fuse_fwd, int fuse_bwd, int head_rows,
+				   float ms[][2], int *mask);
 enum ng_status ng_exec_agree_choices_(struct ng_exec *e, int *fuse, int *mask);
 size_t ng_exec_fit_budget_(const struct ng_exec *e);
 /* The smallest *budget of all ranks; *lowered = 1 when another rank's was smaller. */

@@ -301,22 +301,20 @@ static enum ng_status choose_forms(struct ng_exec *e, struct ng_step_options *op
 		/* the speedrun model's FP8 head is its recipe: kept, not timed */
 		int keep = e->cfg.model.arch == NG_ARCH_SPEEDRUN
 				   ? opt->fp8 & (NG_FP8_HEAD | NG_FP8_HEAD_BWD) : 0;
-		/* --fp8-dw: each layer kind's dW timed too, where its forward stays fp8 */
-		int mask = opt->fp8 & (NG_FP8_EVERY | NG_FP8_DW_ALL) & ~keep;
+		int mask = opt->fp8 & NG_FP8_EVERY & ~keep;
 		st = ng_exec_choose_fp8_(e, (opt->fuse_gelu & NG_GELU_FUSE_FWD) != 0,
 					 (opt->fuse_gelu & NG_GELU_FUSE_BWD) != 0,
-					 (opt->fuse_gelu & NG_GELU_FUSE_OWN) != 0,
-					 e->train.head_chunk_rows, rep->fp8_ms, &rep->fp8_bwd_joint,
-					 &mask);
-		opt->fp8 = mask | keep | NG_FP8_AUTO;
+					 e->train.head_chunk_rows, rep->fp8_ms, &mask);
+		/* --fp8-dw is not timed: its kinds follow their forward's choice */
+		opt->fp8 = mask | keep | NG_FP8_AUTO | (opt->fp8 & NG_FP8_DW_ALL);
 	}
 	if (!st && !opt->deterministic &&
 	    ((opt->fuse_gelu & NG_GELU_FUSE_AUTO) || (opt->fp8 & NG_FP8_AUTO))) {
 		int fuse = opt->fuse_gelu & (NG_GELU_FUSE_FWD | NG_GELU_FUSE_BWD | NG_GELU_FUSE_OWN);
-		int mask = opt->fp8 & (NG_FP8_EVERY | NG_FP8_DW_ALL);
+		int mask = opt->fp8 & NG_FP8_EVERY;
 		st = ng_exec_agree_choices_(e, &fuse, &mask);
 		opt->fuse_gelu = (opt->fuse_gelu & NG_GELU_FUSE_AUTO) | fuse;
-		opt->fp8 = (opt->fp8 & ~(NG_FP8_EVERY | NG_FP8_DW_ALL)) | mask;
+		opt->fp8 = (opt->fp8 & ~NG_FP8_EVERY) | mask;
 	}
 	return st;
 }

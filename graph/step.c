@@ -100,55 +100,6 @@ enum ng_status ng_step_parse_recompute(const char *what, int fp8, struct ng_step
 	return NG_OK;
 }
 
-static const char *const fp8_kind_names[NG_FP8_KINDS + 4] = {
-	"qkv", "attproj", "fc", "fcproj", "head", "dqkv", "dattproj", "dfc", "dfcproj",
-	"qkv-dW", "attproj-dW", "fc-dW", "fcproj-dW"
-};
-
-const char *ng_fp8_kind_name(int k)
-{
-	return k >= 0 && k < NG_FP8_KINDS + 4 ? fp8_kind_names[k] : "?";
-}
-
-enum ng_status ng_step_parse_fp8_kinds(const char *what, int *mask)
-{
-	*mask = 0;
-	if (strcmp(what, "auto") == 0) {
-		*mask = NG_FP8_EVERY | NG_FP8_AUTO;
-		return NG_OK;
-	}
-	char buf[128];
-	if (!*what || strlen(what) >= sizeof(buf)) {
-		ng_fail(NG_ERR_INPUT, "--fp8-kinds '%.20s%s' is %s", what, *what ? "..." : "",
-			*what ? "too long" : "empty");
-		ng_hint("auto, or a comma list of qkv, attproj, fc, fcproj, head, dqkv, dattproj, "
-			"dfc and dfcproj");
-		return NG_ERR_INPUT;
-	}
-	strcpy(buf, what);
-	for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
-		int k = 0;
-		while (k < NG_FP8_KINDS && strcmp(w, fp8_kind_names[k]) != 0)
-			k++;
-		if (k == NG_FP8_KINDS) {
-			*mask = 0;
-			ng_fail(NG_ERR_INPUT, "--fp8-kinds: unknown kind '%s'", w);
-			ng_hint("the forward matmuls qkv, attproj, fc, fcproj, head and the "
-				"input gradients dqkv, dattproj, dfc, dfcproj, as the fp8 line of "
-				"train names them; or auto");
-			return NG_ERR_INPUT;
-		}
-		*mask |= ng_fp8_kind_bit(k);
-	}
-	if (!*mask) {
-		ng_fail(NG_ERR_INPUT, "--fp8-kinds '%s' names no kind", what);
-		ng_hint("name at least one kind, e.g. --fp8-kinds qkv,fc; without --fp8 every "
-			"matmul is bf16");
-		return NG_ERR_INPUT;
-	}
-	return NG_OK;
-}
-
 const char *ng_step_gelu_fusion_name(int mask)
 {
 	return (mask & NG_GELU_FUSE_OWN ? own_names : gelu_names)[mask & 7];

@@ -63,9 +63,8 @@ extern "C" {
  *    E5M2 in front of it (delayed scaling, a slot of its own: 4L + 1 + (which - QKV) * L +
  *    layer), by W^T in E4M3 ("params_fp8t": FP8_PREP casts each such matrix transposed with the
  *    forward's weight scale, so both share the weight descale).
- *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw, each kind timed against its bf16 dW
- *    under AUTO; both families), for a layer kind whose forward is fp8 and a step of B x T a
- *    multiple of 16 rows: the dW matmul multiplies dout^T
+ *  - Weight gradients (NG_FP8_DW_*, opt-in: --fp8-dw; both families), for a layer kind whose
+ *    forward is fp8 and a step of B x T a multiple of 16 rows: the dW matmul multiplies dout^T
  *    in E5M2 (the dinp's slot and scale) by inp^T in E4M3 (the forward's slot and scale, so
  *    the bytes are the forward's input, transposed), fp32 out. Its scratch takes both
  *    transposes and, with a bias, the column sums of dout that the same cast reads
@@ -113,17 +112,6 @@ static inline int ng_fp8_dw_bit(enum ng_op_which w)
 {
 	return w == NG_OP_WHICH_HEAD ? 0 : ng_fp8_bit(w) << NG_FP8_DW_SHIFT;
 }
-/* The kinds --fp8 times, in the order of the executor's times (graph/exec.h fp8_ms): forward
- * qkv, attproj, fc, fcproj, head (k 0-4), the dinp of the four layer kinds (k 5-8: dqkv,
- * dattproj, dfc, dfcproj), then with --fp8-dw their dW (k 9-12: qkv-dW ... fcproj-dW). The
- * first NG_FP8_KINDS are what --fp8-kinds names. */
-#define NG_FP8_KINDS 9
-static inline int ng_fp8_kind_bit(int k)
-{
-	return k < 5 ? 1 << k
-	       : k < 9 ? 1 << (k - 5 + NG_FP8_DINP_SHIFT) : 1 << (k - 9 + NG_FP8_DW_SHIFT);
-}
-const char *ng_fp8_kind_name(int k); /* k < 13 */
 #define NG_FP8_ACT_AMAX_SUB 32    /* an activation maximum: NG_FP8_AMAX_SUB floats, */
 #define NG_FP8_ACT_AMAX_STRIDE 32 /* NG_FP8_AMAX_STRIDE apart (kernels/fp8.h) */
 #define NG_FP8_HISTORY 16
@@ -279,10 +267,6 @@ enum ng_gelu_fuse { NG_GELU_FUSE_FWD = 1, NG_GELU_FUSE_BWD = 2, NG_GELU_FUSE_AUT
 /* "auto" | "fwd,bwd" | "fwd,own" | "fwd" | "bwd" | "own" | "none" -> NG_GELU_FUSE_* bits
  * ("auto": FWD | BWD | AUTO; "own": BWD | OWN); NG_ERR_INPUT otherwise. */
 enum ng_status ng_step_parse_gelu_fusion(const char *what, int *mask);
-/* --fp8-kinds: "auto" -> NG_FP8_EVERY | NG_FP8_AUTO (each kind timed against bf16 at plan
- * time, the faster kept); a comma list of ng_fp8_kind_name()s -> those kinds' bits, FP8 untimed;
- * NG_ERR_INPUT with a hint otherwise. */
-enum ng_status ng_step_parse_fp8_kinds(const char *what, int *mask);
 /* --recompute's comma list ("gelu", "layernorm", "fp8", or "none"), or "auto" -> the
  * recompute_* options (auto: none until ng_step_fit_memory); NG_ERR_INPUT with a hint
  * otherwise, and for fp8 when fp8 (--fp8 given) is 0. */

@@ -170,9 +170,6 @@ void ng_exec_config_from_opts(struct ng_exec_config *c, const struct ng_train_op
 	c->step.head_chunk_rows = (int)o->head_chunk;
 	c->gpu_mem = (size_t)(o->gpu_mem_gib * 1073741824.0);
 	c->step.fp8 = o->fp8 ? NG_FP8_EVERY | NG_FP8_AUTO | (o->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
-	int kinds; /* --fp8-kinds LIST: those, untimed (checked by train) */
-	if (o->fp8 && o->fp8_kinds && !ng_step_parse_fp8_kinds(o->fp8_kinds, &kinds))
-		c->step.fp8 = kinds | (o->fp8_dw ? NG_FP8_DW_ALL : 0);
 	/* the speedrun model's head is FP8 as its reference's (on GPUs that have it: exec.c) */
 	if (o->shape.model.arch == NG_ARCH_SPEEDRUN && !o->fp8 && !o->head_bf16)
 		c->step.fp8 = NG_FP8_HEAD;
@@ -267,44 +264,38 @@ enum ng_status ng_backend_cuda_init(struct ng_backend *be, const struct ng_train
 		fprintf(log, ")\n");
 	}
 	if (c.step.fp8) {
+		static const char *kind[NG_EXEC_FP8_KINDS] = { "qkv",	  "attproj",	  "fc",
+							       "fcproj",  "head",	  "dqkv",
+							       "dattproj", "dfc",	  "dfcproj" };
 		fprintf(log, "fp8: forward matmuls in E4M3 (x E4M3 weights):");
 		int any = 0, timed = 0;
 		for (int k = 0; k < NG_EXEC_FP8_KINDS; k++) {
-			timed |= rep.fp8_ms[k][0] >= 0;
-			if (k >= NG_FP8_KINDS) /* the dW kinds: below */
-				continue;
-			int bit = ng_fp8_kind_bit(k);
+			int bit = k < 5 ? 1 << k : 1 << (k - 5 + NG_FP8_DINP_SHIFT);
 			if (k == 5) {
 				fprintf(log, "%s; input gradients (dinp) in E5M2:", any ? "" : " none");
 				any = 0;
 			}
 			if (g->fp8 & bit)
-				fprintf(log, "%s %s", any++ ? "," : "", ng_fp8_kind_name(k));
+				fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
+			timed |= rep.fp8_ms[k][0] >= 0;
 		}
 		fprintf(log, "%s", any ? "" : " none");
-		if (o->fp8_dw) { /* --fp8-dw: where the kind's forward is fp8 and its dW timed
-				  * faster (all of them under --deterministic, untimed) */
+		if (g->fp8 & NG_FP8_DW_ALL) { /* --fp8-dw: where the kind's forward is fp8 */
 			fprintf(log, "; weight gradients (dW) in E5M2 x E4M3:");
 			any = 0;
 			for (int k = 0; k < 4; k++)
 				if ((g->fp8 & 1 << (k + NG_FP8_DW_SHIFT)) && (g->fp8 & 1 << k) &&
 				    (g->B * g->T) % 16 == 0)
-					fprintf(log, "%s %s", any++ ? "," : "",
-						ng_fp8_kind_name(k));
-			fprintf(log, "%s", any ? "" : " none");
+					fprintf(log, "%s %s", any++ ? "," : "", kind[k]);
+			fprintf(log, "%s", any ? "" : " none (their forward matmuls are bf16)");
 		}
 		if (timed) {
 			fprintf(log, " (timed bf16 / fp8 ms:");
 			for (int k = 0; k < NG_EXEC_FP8_KINDS; k++)
 				if (rep.fp8_ms[k][0] >= 0)
-					fprintf(log, " %s%s %.3f/%.3f", ng_fp8_kind_name(k),
-						k >= NG_FP8_KINDS &&
-						(rep.fp8_bwd_joint & 1 << (k - NG_FP8_KINDS))
-							? "+dinp" : "",
-						rep.fp8_ms[k][0], rep.fp8_ms[k][1]);
+					fprintf(log, " %s %.3f/%.3f", kind[k], rep.fp8_ms[k][0],
+						rep.fp8_ms[k][1]);
 			fprintf(log, ")");
-		} else if (o->fp8 && o->fp8_kinds && !(c.step.fp8 & NG_FP8_AUTO)) {
-			fprintf(log, " (--fp8-kinds: not timed)");
 		} else if (c.deterministic) {
 			fprintf(log, " (--deterministic: not timed)");
 		}

@@ -33,12 +33,10 @@ struct plan_args {
 	const char *step;      /* "train", "eval", "sample" */
 	bool fp8;              /* --fp8: every kind of fp8 matmul (forward E4M3, dinp E5M2) */
 	bool fp8_dw;           /* --fp8-dw: the layers' dW too */
-	const char *fp8_kinds; /* --fp8-kinds: NULL or "auto" (every kind), or a comma list */
-	int fp8_mask;          /* the planned NG_FP8_* bits (build sets it) */
 	double gpu_gib;        /* plan's --gpu-mem (0: not given): --recompute auto's budget */
 };
 
-#define PLAN_NFLAGS 10
+#define PLAN_NFLAGS 9
 
 static void plan_flags(struct plan_args *a, struct ng_flag *f)
 {
@@ -70,9 +68,6 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 		{ "--fp8-dw", NG_FLAG_BOOL, &a->fp8_dw, 0, 0, NULL,
 		  "with --fp8: the layers' weight-gradient matmuls in FP8 too, as train --fp8-dw",
 		  false },
-		{ "--fp8-kinds", NG_FLAG_STRING, &a->fp8_kinds, 0, 0, "LIST",
-		  "with --fp8: plan only these kinds in FP8, as train --fp8-kinds (default: every "
-		  "kind)", false },
 		{ "--gpu-mem", NG_FLAG_DOUBLE, &a->gpu_gib, 0, 1e6, "GIB",
 		  "with --recompute auto the least recompute that fits this much (the step's own "
 		  "bytes); plan also fails when the step needs more", false },
@@ -81,7 +76,7 @@ static void plan_flags(struct plan_args *a, struct ng_flag *f)
 }
 
 /* Resolve the flags and build the planned step into g. */
-static enum ng_status build(const struct ng_model_args *ma, struct plan_args *pa,
+static enum ng_status build(const struct ng_model_args *ma, const struct plan_args *pa,
 			    struct ng_shape *shape, struct ng_graph *g)
 {
 	enum ng_status st = ng_cli_resolve_shape(ma, shape);
@@ -100,21 +95,10 @@ static enum ng_status build(const struct ng_model_args *ma, struct plan_args *pa
 		ng_hint("add --fp8");
 		return NG_ERR_INPUT;
 	}
-	int kinds = NG_FP8_EVERY;
-	if (pa->fp8_kinds && !pa->fp8) {
-		ng_fail(NG_ERR_INPUT, "--fp8-kinds: it chooses among the FP8 matmuls of --fp8");
-		ng_hint("add --fp8");
-		return NG_ERR_INPUT;
-	}
-	if (pa->fp8_kinds && (st = ng_step_parse_fp8_kinds(pa->fp8_kinds, &kinds)))
-		return st;
-	kinds &= NG_FP8_EVERY;
-	o.fp8 = pa->fp8 ? kinds | (pa->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
-	/* the speedrun model's head is FP8 both ways by default, as train makes it (with
-	 * --fp8-kinds, where the list names it) */
-	if (shape->model.arch == NG_ARCH_SPEEDRUN && (!pa->fp8 || (kinds & NG_FP8_HEAD)))
+	o.fp8 = pa->fp8 ? NG_FP8_EVERY | (pa->fp8_dw ? NG_FP8_DW_ALL : 0) : 0;
+	/* the speedrun model's head is FP8 both ways by default, as train makes it */
+	if (shape->model.arch == NG_ARCH_SPEEDRUN)
 		o.fp8 |= NG_FP8_HEAD | NG_FP8_HEAD_BWD;
-	pa->fp8_mask = o.fp8;
 	o.align = (size_t)pa->align;
 	if (pa->align & (pa->align - 1))
 		return ng_fail(NG_ERR_INPUT, "--align %lld is not a power of two", pa->align);
@@ -145,7 +129,7 @@ static enum ng_status build(const struct ng_model_args *ma, struct plan_args *pa
 /* Parse the command line, then build the planned step; *help when --help was shown (g empty).
  * On an error g is empty too. */
 static enum ng_status parse_and_build(struct ng_command_spec *spec, int argc, char **argv,
-				      const struct ng_model_args *ma, struct plan_args *pa,
+				      const struct ng_model_args *ma, const struct plan_args *pa,
 				      struct ng_shape *shape, struct ng_graph *g, bool *help)
 {
 	char *pos[1];
@@ -215,26 +199,6 @@ static int largest(const struct ng_graph *g, int *top)
 	return n;
 }
 
-/* The options line's fp8 part: off, the speedrun model's head, every kind, or the kinds of
- * --fp8-kinds (written into buf). */
-static const char *fp8_what(const struct ng_graph *g, const struct plan_args *pa, char *buf,
-			    size_t n)
-{
-	if (!pa->fp8)
-		return g->fp8 & NG_FP8_HEAD_BWD ? "the head (forward E4M3, backward E5M2)" : "off";
-	if (!pa->fp8_kinds || strcmp(pa->fp8_kinds, "auto") == 0)
-		return pa->fp8_dw ? "every kind (forward, dinp, dW)" : "every kind (forward, dinp)";
-	size_t at = 0;
-	buf[0] = 0;
-	for (int k = 0; k < NG_FP8_KINDS && at < n; k++)
-		if (pa->fp8_mask & ng_fp8_kind_bit(k))
-			at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? "," : "",
-					       ng_fp8_kind_name(k));
-	if (pa->fp8_dw && at < n)
-		snprintf(buf + at, n - at, " (the layer kinds' dW too)");
-	return buf;
-}
-
 static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 		       const struct plan_args *pa, const struct plan_summary *s)
 {
@@ -243,13 +207,16 @@ static void print_text(const struct ng_graph *g, const struct ng_shape *sh,
 	       c->C, c->T, c->V, c->Vp, g->lay.n_params);
 	printf("batch: B=%d T=%d K=%d (%lld tokens per step)\n", sh->B, sh->T, sh->K,
 	       (long long)sh->B * sh->T * sh->K);
-	char what[96], kinds[160];
+	char what[96];
 	printf("options: recompute %s%s, classifier chunk %d rows%s, GELU fused %s, fp8 %s, align "
 	       "%zu B\n\n", ng_step_recompute_name(g, what, sizeof(what)),
 	       strcmp(pa->recompute, "auto") ? "" : " (auto)", g->head_chunk_rows,
 	       g->head_chunk_rows == g->B * g->T ? " (whole)" : "",
 	       ng_step_gelu_fusion_name(g->fuse_gelu),
-	       fp8_what(g, pa, kinds, sizeof(kinds)), g->align);
+	       pa->fp8_dw ? "every kind (forward, dinp, dW)"
+	       : pa->fp8 ? "every kind (forward, dinp)"
+	       : g->fp8 & NG_FP8_HEAD_BWD ? "the head (forward E4M3, backward E5M2)" : "off",
+	       g->align);
 	printf("  %-34s %10.1f MiB\n",
 	       g->fp8 && !g->recompute_fp8 ? "parameters (bf16 + low half + E4M3, W^T)"
 					    : "parameters (bf16 + low half)",
@@ -289,8 +256,7 @@ static void print_json(const struct ng_graph *g, const struct ng_shape *sh,
 	       g->lay.n_params, g->recompute_gelu, g->recompute_layernorm, g->recompute_fp8,
 	       g->keep_gelu, g->keep_layernorm,
 	       g->head_chunk_rows,
-	       g->fuse_gelu,
-	       pa->fp8 ? (pa->fp8_mask & NG_FP8_EVERY) | (g->fp8 & NG_FP8_DW_ALL) : 0, g->align);
+	       g->fuse_gelu, pa->fp8 ? NG_FP8_EVERY | (g->fp8 & NG_FP8_DW_ALL) : 0, g->align);
 	printf("\"arena_bytes\":%zu,\"lower_bound_bytes\":%zu,\"params_bytes\":%zu,"
 	       "\"grads_bytes\":%zu,\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,"
 	       "\"workspace_bytes\":%zu,\"persistent_bytes\":%zu,\"total_bytes\":%zu,"

@@ -109,13 +109,8 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 		  "forward E4M3, input gradients E5M2 x E4M3 (weight gradients stay bf16)", false },
 		{ "--fp8-dw", NG_FLAG_BOOL, &o.fp8_dw, 0, 0, NULL,
 		  "GPU, with --fp8: the weight-gradient matmuls of the layer kinds whose forward is "
-		  "FP8 in FP8 too where they time faster (E5M2 gradient x E4M3 input, the bias "
-		  "gradient from the same cast; all of them under --deterministic)", false },
-		{ "--fp8-kinds", NG_FLAG_STRING, &o.fp8_kinds, 0, 0, "LIST",
-		  "GPU, with --fp8: auto (every kind where it times faster, the default) or "
-		  "exactly these in FP8, untimed: a comma list of the forward matmuls qkv, "
-		  "attproj, fc, fcproj, head and the input gradients dqkv, dattproj, dfc, "
-		  "dfcproj", false },
+		  "FP8 in FP8 too (E5M2 gradient x E4M3 input, the bias gradient from the same "
+		  "cast)", false },
 		{ "--head-bf16", NG_FLAG_BOOL, &o.head_bf16, 0, 0, NULL,
 		  "GPU, speedrun model: the head's forward matmul in bf16 (default: FP8 E4M3 with "
 		  "per-tensor scales, as the speedrun's, on sm_89+)", false },
@@ -219,15 +214,6 @@ enum ng_status ng_cmd_train(int argc, char **argv)
 			       "(it fits the step's recompute into that much device memory)");
 	int gelu_mask;
 	if (o.gelu_fusion && (st = ng_step_parse_gelu_fusion(o.gelu_fusion, &gelu_mask)))
-		return st;
-	int fp8_kinds;
-	if (o.fp8_kinds && !o.fp8) {
-		ng_fail(NG_ERR_INPUT, "train --fp8-kinds: it chooses among the FP8 matmuls of "
-			"--fp8");
-		ng_hint("add --fp8");
-		return NG_ERR_INPUT;
-	}
-	if (o.fp8_kinds && (st = ng_step_parse_fp8_kinds(o.fp8_kinds, &fp8_kinds)))
 		return st;
 	if (o.own_gemm && strcmp(o.own_gemm, "auto") != 0 && strcmp(o.own_gemm, "off") != 0)
 		return ng_fail(NG_ERR_INPUT, "train --own-gemm: '%s' is not auto or off", o.own_gemm);

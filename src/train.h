@@ -57,8 +57,6 @@ struct ng_train_opts {
 	const char *gelu_fusion;   /* GPU: --gelu-fusion fwd,bwd | fwd | bwd | none (NULL: default) */
 	bool fp8;                  /* GPU: E4M3 forward matmuls (graph/step.h "FP8") */
 	bool fp8_dw;               /* GPU, with fp8: the weight-gradient matmuls in FP8 too */
-	const char *fp8_kinds;     /* GPU, with fp8: "auto" (NULL too) or a comma list of the kinds
-	                            * forced to FP8 (graph/step.h ng_step_parse_fp8_kinds) */
 	bool head_bf16;            /* GPU, speedrun model: the head's forward in bf16, not FP8 */
 	const char *optimizer;     /* "adamw" (NULL too) or "muon" (kernels/muon.h: Muon on the
 	                            * hidden matrices, the speedrun's Adam on the rest) */

@@ -50,13 +50,6 @@ Test(cli, bad_usage_is_exit_2)
 			       "1", NULL), "no FP8 path");
 	expect_input_error(ng_test_cli_run("train", "--fp8-dw", "--model", "tiny", NULL), "need --fp8");
 	expect_input_error(ng_test_cli_run("plan", "--fp8-dw", NULL), "need --fp8");
-	expect_input_error(ng_test_cli_run("train", "--fp8-kinds", "qkv", "--model", "tiny", NULL),
-			   "matmuls of --fp8");
-	expect_input_error(ng_test_cli_run("plan", "--fp8-kinds", "qkv", NULL), "matmuls of --fp8");
-	expect_input_error(ng_test_cli_run("train", "--fp8", "--fp8-kinds", "qkv,gelu", "--model",
-					   "tiny", NULL), "unknown kind 'gelu'");
-	expect_input_error(ng_test_cli_run("plan", "--fp8", "--fp8-kinds", ",", NULL),
-			   "names no kind");
 	expect_input_error(ng_test_cli_run("train", "--recompute", "gelu,sometimes", NULL), "unknown item");
 	expect_input_error(ng_test_cli_run("train", "--gpu-mem", "20", NULL), "only --recompute auto");
 	expect_input_error(ng_test_cli_run("train", "--recompute", "gelu", "--gpu-mem", "20", NULL),

@@ -271,31 +271,6 @@ Test(dump, plan_json_has_the_design_fields, .init = setup_)
 	free(txt);
 	ng_graph_free(&g);
 
-	/* --fp8 --fp8-kinds: a random nonempty list plans exactly those kinds */
-	char list[160] = "";
-	int kinds = 0;
-	for (int k = 0; k < NG_FP8_KINDS; k++)
-		if (ng_rng_below(&rng_, 2) || (k == NG_FP8_KINDS - 1 && !kinds)) {
-			snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
-				 kinds ? "," : "", ng_fp8_kind_name(k));
-			kinds |= ng_fp8_kind_bit(k);
-		}
-	char *argv8[] = { "nanograph", "plan", "--model", (char *)model, "--batch", batch,
-			  "--recompute", "gelu", "--fp8", "--fp8-kinds", list, "--json", NULL };
-	ng_clear_error();
-	cr_assert_eq(run_cli(out, 12, argv8), NG_OK, "%s: %s", list, ng_error_message());
-	txt = slurp(out);
-	j = json_loads(txt, 0, &err);
-	cr_assert(j, "plan --fp8-kinds --json is not JSON (%s): %s", err.text, txt);
-	o.fp8 = kinds;
-	cr_assert_eq(ng_step_build_train(&g, &c, atoi(batch), c.T, 1, &o), NG_OK);
-	cr_assert_eq(json_integer_value(json_object_get(j, "fp8")), kinds, "%s", list);
-	cr_assert_eq((size_t)json_integer_value(json_object_get(j, "total_bytes")), g.total_bytes,
-		     "%s", list);
-	json_decref(j);
-	free(txt);
-	ng_graph_free(&g);
-
 	/* an impossible plan: exit 2, the numbers and a hint */
 	char *argv2[] = { "nanograph", "plan", "--model", "d48", "--batch", "16", "--gpu-mem",
 			  "40", NULL };

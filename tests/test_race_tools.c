@@ -381,7 +381,7 @@ Test(race, fp8_parity_run_tagged, .timeout = 60)
 		   "echo 'done: 3 steps'\n",
 		   ng_test_dir);
 	snprintf(cmd, sizeof(cmd), "NANOGRAPH='%s' OUT='%s' python3 tools/fp8-parity run fp8 "
-		 "--model tiny --steps 3 --flags=--autotune --tag qkv --extra='--fp8-kinds qkv'",
+		 "--model tiny --steps 3 --flags=--autotune --tag qkv --extra='--recompute fp8'",
 		 stub, dir);
 	int rc;
 	char *r = output_of(cmd, &rc);
@@ -394,7 +394,7 @@ Test(race, fp8_parity_run_tagged, .timeout = 60)
 	snprintf(path, sizeof(path), "%s/args", ng_test_dir);
 	size_t n;
 	char *args = read_text(path, &n);
-	cr_expect(strstr(args, "--fp8 --autotune --fp8-kinds qkv"), "%s", args);
+	cr_expect(strstr(args, "--fp8 --autotune --recompute fp8"), "%s", args);
 	cr_expect(strstr(args, "fp8-qkv.jsonl"), "%s", args);
 	free(args);
 	const char *bad[2][2] = { { "fp8 --extra=--fp8-dw", "--extra needs a --tag" },

@@ -800,66 +800,6 @@ Test(step, gelu_fusion_names)
 	cr_assert(strstr(ng_error_message(), "--gelu-fusion 'fused'"), "%s", ng_error_message());
 }
 
-/* --fp8-kinds: each name is one bit of NG_FP8_EVERY and all nine are all of it; a random list
- * in random order gives the union of its bits; "auto" times every kind; an unknown, empty or
- * kind-less list is one error line with a hint. */
-Test(step, fp8_kinds_names, .init = setup_)
-{
-	int all = 0;
-	for (int k = 0; k < NG_FP8_KINDS; k++) {
-		int m = -1, bit = ng_fp8_kind_bit(k);
-		cr_assert_eq(ng_step_parse_fp8_kinds(ng_fp8_kind_name(k), &m), NG_OK, "%d", k);
-		cr_assert_eq(m, bit, "%s -> %d", ng_fp8_kind_name(k), m);
-		cr_assert_eq(all & bit, 0, "%s shares a bit", ng_fp8_kind_name(k));
-		all |= bit;
-	}
-	cr_assert_eq(all, NG_FP8_EVERY);
-	for (int rep = 0; rep < 20; rep++) {
-		char list[160] = "";
-		int want = 0, order[NG_FP8_KINDS];
-		for (int k = 0; k < NG_FP8_KINDS; k++)
-			order[k] = k;
-		for (int k = NG_FP8_KINDS - 1; k > 0; k--) { /* shuffled, a random subset */
-			int j = (int)ng_rng_below(&rng_, (uint32_t)k + 1), t = order[k];
-			order[k] = order[j];
-			order[j] = t;
-		}
-		for (int k = 0; k < NG_FP8_KINDS; k++)
-			if (ng_rng_below(&rng_, 2) || (k == NG_FP8_KINDS - 1 && !want)) {
-				snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
-					 want ? "," : "", ng_fp8_kind_name(order[k]));
-				want |= ng_fp8_kind_bit(order[k]);
-			}
-		int m = -1;
-		cr_assert_eq(ng_step_parse_fp8_kinds(list, &m), NG_OK, "%s", list);
-		cr_assert_eq(m, want, "%s -> %d, want %d", list, m, want);
-	}
-	int m = -1;
-	cr_assert_eq(ng_step_parse_fp8_kinds("auto", &m), NG_OK);
-	cr_assert_eq(m, NG_FP8_EVERY | NG_FP8_AUTO);
-	char longest[8 * 40] = ""; /* forty kinds, 276 bytes: past any list of the nine */
-	for (int i = 0; i < 40; i++)
-		strcat(longest, i ? ",fcproj" : "qkv");
-	const char *bad[] = { "qkv,gelu", "QKV", "", ",", "head,,", longest };
-	const char *why[] = { "unknown kind 'gelu'", "unknown kind 'QKV'", "empty", "names no kind",
-			      NULL, "too long" };
-	for (int i = 0; i < 6; i++) {
-		ng_clear_error();
-		m = -1;
-		enum ng_status st = ng_step_parse_fp8_kinds(bad[i], &m);
-		if (!why[i]) { /* empty items between commas are skipped */
-			cr_assert_eq(st, NG_OK, "%s", bad[i]);
-			cr_assert_eq(m, NG_FP8_HEAD);
-			continue;
-		}
-		cr_assert_eq(st, NG_ERR_INPUT, "%s", bad[i]);
-		cr_assert(strstr(ng_error_message(), why[i]), "%s: %s", bad[i], ng_error_message());
-		cr_assert(!strchr(ng_error_message(), '\n'), "%s", ng_error_message());
-		cr_assert(strlen(ng_error_hint()) > 0, "%s: no hint", bad[i]);
-	}
-	ng_clear_error();
-}
-
 /* --gelu-fusion auto's FC-backward pick from the trial's times: the faster cuBLASLt form, and
  * ours only when it is at least 3% ahead of that (the d24 and d48 rows are trials measured on an
  * H200) */

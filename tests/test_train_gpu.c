@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "data/synth.h"
 #include "graph/cpu_muon.h"
@@ -26,7 +25,6 @@
 #include "kernels/check.h"
 #include "kernels/gemm_sm90.h"
 #include "kernels/split.h"
-#include "tests/cli_testing.h"
 #include "tests/muon_testing.h"
 
 /* The fp32 master after the step (p1, lay.total floats): the split master (kernels/split.h)
@@ -278,116 +276,6 @@ Test(train_gpu, fp8_step_matches_cpu_reference)
 	step_matches(NG_GELU_FUSE_FWD, 3, 0);
 }
 
-/* Skips the test on a machine without a GPU, or with one before sm_89 (no FP8). */
-static void skip_without_fp8(void)
-{
-	if (ng_cuda_device_count() == 0)
-		cr_skip_test("no CUDA device");
-	int major, minor;
-	sm_version(&major, &minor);
-	if (major * 10 + minor < 89)
-		cr_skip_test("no FP8 on sm_%d%d", major, minor);
-}
-
-/* train --fp8 --fp8-kinds LIST from the command line: exactly the listed kinds run in FP8,
- * untimed, as the fp8 line of the log says, and the run trains. */
-Test(train_gpu, fp8_kinds_runs_the_listed_kinds, .timeout = 300)
-{
-	skip_without_fp8();
-	char path[] = "/tmp/ng_fp8_kinds_XXXXXX";
-	int fd = mkstemp(path);
-	cr_assert(fd >= 0);
-	fflush(stderr);
-	int saved = dup(2);
-	cr_assert(saved >= 0);
-	dup2(fd, 2); /* the log */
-	enum ng_status st = ng_test_cli_run("train", "--model", "tiny", "--batch", "4", "--steps",
-					    "3", "--val-batches", "0", "--fp8", "--fp8-kinds",
-					    "dfcproj,fc,qkv", NULL);
-	fflush(stderr);
-	dup2(saved, 2);
-	close(saved);
-	close(fd);
-	FILE *f = fopen(path, "r");
-	cr_assert(f);
-	static char text[1 << 16];
-	size_t n = fread(text, 1, sizeof(text) - 1, f);
-	text[n] = 0;
-	fclose(f);
-	unlink(path);
-	cr_assert_eq(st, NG_OK, "%s\n%s", ng_error_message(), text);
-	cr_expect(strstr(text, "fp8: forward matmuls in E4M3 (x E4M3 weights): qkv, fc; input "
-			       "gradients (dinp) in E5M2: dfcproj (--fp8-kinds: not timed)") != NULL,
-		  "%s", text);
-	cr_expect(strstr(text, "timed bf16") == NULL, "the listed kinds were timed: %s", text);
-	cr_expect(strstr(text, "done: 3 steps") != NULL, "%s", text);
-}
-
-/* --fp8 --fp8-dw as train runs it (AUTO): each layer kind's dW is timed against its bf16 dW
- * where the kind's forward stayed fp8, kept exactly where it timed faster, and never without
- * its forward; a dinp that lost alone is timed again with the dW (reading the E5M2 dout of the
- * dW's cast) and is fp8 only with an fp8 dW; then two steps train to finite losses. A shape where the fp8 forward wins
- * (the wide qkv and fc outputs of C = 1024 over 8192 rows), so that some dW is timed. */
-Test(train_gpu, fp8_dw_timed_per_kind)
-{
-	skip_without_fp8();
-	struct ng_exec_config c;
-	tiny_config(&c, 1024, 1024, 8, 512, 8, 1);
-	c.step.fp8 = NG_FP8_EVERY | NG_FP8_AUTO | NG_FP8_DW_ALL;
-	struct ng_exec e;
-	struct ng_exec_report rep;
-	cr_assert_eq(ng_exec_init(&e, &c, &rep), NG_OK, "init: %s", ng_error_message());
-	static const enum ng_op_which kinds[4] = { NG_OP_WHICH_QKV, NG_OP_WHICH_ATTPROJ,
-						   NG_OP_WHICH_FC, NG_OP_WHICH_FCPROJ };
-	int timed = 0;
-	for (int k = 0; k < 4; k++) {
-		const float *ms = rep.fp8_ms[9 + k];
-		const int fwd = (e.train.fp8 & ng_fp8_bit(kinds[k])) != 0,
-			  dw = (e.train.fp8 & ng_fp8_dw_bit(kinds[k])) != 0;
-		fprintf(stderr, "fp8_dw_timed_per_kind: kind %d forward %s, dW bf16 %.3f / fp8 %.3f "
-			"ms -> %s\n", k, fwd ? "fp8" : "bf16", ms[0], ms[1], dw ? "fp8" : "bf16");
-		cr_expect(!dw || fwd, "kind %d: an fp8 dW without its fp8 forward", k);
-		if (!fwd)
-			continue;
-		cr_expect(ms[0] > 0 && ms[1] > 0, "kind %d: its dW was not timed", k);
-		cr_expect_eq(dw, ms[1] < ms[0], "kind %d: dW %s against %.3f / %.3f ms", k,
-			     dw ? "fp8" : "bf16", ms[0], ms[1]);
-		/* an fp8 dinp won alone, or together with the fp8 dW whose cast it reads */
-		const float *mi = rep.fp8_ms[5 + k];
-		const int dinp = (e.train.fp8 & ng_fp8_dinp_bit(kinds[k])) != 0,
-			  joint = (rep.fp8_bwd_joint >> k) & 1;
-		fprintf(stderr, "fp8_dw_timed_per_kind: kind %d dinp bf16 %.3f / fp8 %.3f ms%s -> "
-			"%s\n", k, mi[0], mi[1], joint ? " (then with the dW)" : "",
-			dinp ? "fp8" : "bf16");
-		cr_expect(!joint || mi[1] >= mi[0], "kind %d: timed jointly though its dinp won", k);
-		cr_expect(!dinp || (mi[1] < mi[0] && !joint) || (joint && dw), "kind %d: an fp8 "
-			  "dinp that won neither alone nor with the dW", k);
-		timed++;
-	}
-	cr_assert_gt(timed, 0, "no kind's forward stayed fp8 at C = 1024 over 8192 rows, so no "
-		     "dW was timed");
-	struct ng_synth s;
-	cr_assert_eq(ng_synth_init(&s, c.model.V, 3), NG_OK);
-	float loss[2];
-	int got = 0;
-	for (int i = 0; i < 2; i++) {
-		uint16_t *tok;
-		cr_assert_eq(ng_exec_input(&e, &tok), NG_OK);
-		ng_synth_batch(&s, 0, (uint64_t)i, c.B, c.T, tok);
-		cr_assert_eq(ng_exec_submit(&e), NG_OK, "%s", ng_error_message());
-	}
-	struct ng_metrics_record r[NG_EXEC_RING];
-	int n;
-	cr_assert_eq(ng_exec_collect(&e, r, NULL, NG_EXEC_RING, true, &n), NG_OK);
-	for (int j = 0; j < n && got < 2; j++)
-		loss[got++] = r[j].loss;
-	cr_assert_eq(got, 2);
-	for (int i = 0; i < 2; i++)
-		cr_expect(isfinite(loss[i]) && loss[i] > 0.0f, "step %d: loss %g", i, loss[i]);
-	ng_synth_free(&s);
-	ng_exec_free(&e);
-}
-
 /* 20 steps, deterministic: graph replay and eager launches give bit-identical losses. */
 static void run_losses(int no_graph, int T, float *losses, int steps, int fp8)
 {
@@ -474,7 +362,12 @@ static double follows_bf16(const char *what, const float *g, const float *e, con
  * the loss must follow the bf16 run's (follows_bf16); the same with --fp8-dw. */
 Test(train_gpu, fp8_graph_equals_eager_and_follows_bf16)
 {
-	skip_without_fp8();
+	if (ng_cuda_device_count() == 0)
+		cr_skip_test("no CUDA device");
+	int major, minor;
+	sm_version(&major, &minor);
+	if (major * 10 + minor < 89)
+		cr_skip_test("no FP8 on sm_%d%d", major, minor);
 	enum { STEPS = 20 };
 	float a[STEPS], b[STEPS], r[STEPS], w[STEPS], dg[STEPS], de[STEPS];
 	run_losses(0, 128, a, STEPS, 1);
